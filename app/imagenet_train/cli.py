@@ -1,0 +1,210 @@
+"""`imagenet-train <command>`: parses options and dispatches; the work lives in the other modules."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+from .errors import ImagenetTrainError, one_line
+
+HELP = {
+    "shards": "shard index (shards.json), its directory, or an http(s):// URL to either",
+    "train_urls": "training shards as a URL spec instead of an index, e.g. 'http://host/x-{000000..000146}.tar'",
+    "val_urls": "validation shards as a URL spec (with --train-urls)",
+    "train_samples": "samples in --train-urls (sets the epoch length)",
+    "num_classes": "classes (0: from the index)",
+    "mode": "resampled: shards drawn at random, equal batches per rank; split: every sample once, under Join",
+    "batch_size": "batch size per rank",
+    "workers": "DataLoader workers per rank",
+    "image_size": "training and evaluation crop size",
+    "val_resize": "evaluation resize of the short side before the centre crop (0: size/0.875)",
+    "min_crop_scale": "smallest image area fraction RandomResizedCrop keeps",
+    "hflip": "random horizontal flips",
+    "shuffle_buffer": "samples in each shuffle buffer",
+    "epoch_batches": "batches per rank per epoch in resampled mode (0: one pass over the data)",
+    "retries": "attempts to reach a shard server before failing",
+    "lr": "learning rate for a global batch of 256 (scaled linearly)",
+    "momentum": "SGD momentum",
+    "nesterov": "Nesterov momentum",
+    "weight_decay": "weight decay (not applied to biases and norms)",
+    "label_smoothing": "label smoothing",
+    "warmup_epochs": "linear warmup before the cosine decay",
+    "arch": "torchvision model name",
+    "epochs": "epochs to train",
+    "amp": "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off",
+    "channels_last": "channels-last memory format on GPU",
+    "seed": "seed for weights, shard order and augmentation",
+    "run_dir": "directory for config.json, metrics.jsonl and checkpoints",
+    "resume": "'latest' (newest checkpoint in --run-dir) or a checkpoint path",
+    "eval_every": "evaluate every N epochs (and after the last)",
+    "log_keys": "debug: record every sample key read, per rank and epoch, under RUN_DIR/keys",
+}
+
+
+def _add_dataclass_options(parser: argparse.ArgumentParser, instance) -> None:
+    group = parser.add_argument_group(type(instance).__name__.removesuffix("Config").lower() or "options")
+    for field in dataclasses.fields(instance):
+        flag = "--" + field.name.replace("_", "-")
+        default = getattr(instance, field.name)
+        if isinstance(default, bool):
+            group.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=default,
+                               help=HELP.get(field.name, ""))
+        else:
+            group.add_argument(flag, dest=field.name, type=type(default), default=default,
+                               help=HELP.get(field.name, ""))
+
+
+def _config_from(args: argparse.Namespace):
+    from .config import Config
+
+    cfg = Config()
+    for section in (cfg.data, cfg.optim, cfg.run):
+        for field in dataclasses.fields(section):
+            setattr(section, field.name, getattr(args, field.name))
+    return cfg
+
+
+def cmd_shards(args: argparse.Namespace) -> int:
+    from .shards import ShardOptions, convert
+
+    options = ShardOptions(prefix=args.prefix, maxcount=args.maxcount, maxsize=args.maxsize, workers=args.workers,
+                           seed=args.seed, resize=args.resize or None, quality=args.quality)
+    document = convert(args.source, args.output, options, val_labels=args.val_labels, progress=not args.quiet)
+    for split, info in document["splits"].items():
+        print(f"{split}: {info['nsamples']} samples in {len(info['shardlist'])} shards")
+    print(f"classes: {len(document['classes'])} ({document['layout']} layout); "
+          f"shards already complete and kept: {document['resumed_shards']}")
+    if document["reencoded"]:
+        print(f"re-encoded as RGB JPEG: {len(document['reencoded'])}")
+        for item in document["reencoded"][: args.list]:
+            print(f"  {item['source']}: {item['reason']}")
+    if document["skipped"]:
+        print(f"skipped (not usable): {len(document['skipped'])}")
+        for item in document["skipped"][: args.list]:
+            print(f"  {item['source']}: {item['reason']}")
+    print(f"index: {os.path.join(args.output, 'shards.json')}")
+    return 0
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from .index import brace, load_index
+
+    index = load_index(args.location)
+    summary = {"index": index.location, "classes": len(index.classes), "splits": {}}
+    for split in index.splits():
+        names = [shard["url"] for shard in index.shards(split)]
+        summary["splits"][split] = {"shards": len(names), "samples": index.nsamples(split), "urls": brace(names)}
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"{index.location}: {summary['classes']} classes")
+    for split, info in summary["splits"].items():
+        print(f"{split}: {info['samples']} samples in {info['shards']} shards: {' '.join(info['urls'])}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train import train
+
+    train(_config_from(args))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import NginxServer
+
+    with NginxServer(args.directory, host=args.host, port=args.port, workers=args.nginx_workers,
+                     access_log=args.access_log) as server:
+        print(f"serving {server.root} at {server.url}/ (nginx pid {server.pid}); Ctrl-C stops", flush=True)
+        if args.pid_file:
+            with open(args.pid_file, "w") as stream:
+                stream.write(f"{os.getpid()}\n")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        try:
+            while server.process.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def cmd_demo_data(args: argparse.Namespace) -> int:
+    from .demo import write_digits
+
+    counts = write_digits(args.output, size=args.size, seed=args.seed)
+    print(f"wrote {counts['train']} train and {counts['val']} val images to {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .config import DataConfig, OptimConfig, RunConfig
+
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="imagenet-train", formatter_class=formatter,
+                                     description="ImageNet to WebDataset shards to multinode DDP training.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    shards = commands.add_parser("shards", formatter_class=formatter, help="convert a dataset into shards + index")
+    shards.add_argument("source", help="ImageFolder tree, Kaggle layout, or directory with the ILSVRC2012 tars")
+    shards.add_argument("output", help="directory for the shards and shards.json")
+    shards.add_argument("--prefix", default="imagenet-train", help="shard name prefix")
+    shards.add_argument("--maxcount", type=int, default=1000, help="samples per shard at most")
+    shards.add_argument("--maxsize", type=int, default=3_000_000_000, help="bytes per shard at most (approx.)")
+    shards.add_argument("--workers", type=int, default=1, help="parallel shard writers")
+    shards.add_argument("--seed", type=int, default=0, help="seed of the sample shuffle across shards")
+    shards.add_argument("--resize", type=int, default=0, help="re-encode images with a larger short side (0: keep)")
+    shards.add_argument("--quality", type=int, default=90, help="JPEG quality when re-encoding")
+    shards.add_argument("--val-labels", default=None, help="LOC_val_solution.csv or '<file> <wnid>' lines")
+    shards.add_argument("--list", type=int, default=20, help="skipped/re-encoded files to list")
+    shards.add_argument("--quiet", action="store_true", help="no progress bar")
+    shards.set_defaults(func=cmd_shards)
+
+    summarize = commands.add_parser("summarize", formatter_class=formatter, help="brace notation and counts")
+    summarize.add_argument("location", help="shard directory, shards.json, or a URL to either")
+    summarize.add_argument("--json", action="store_true", help="machine-readable output")
+    summarize.set_defaults(func=cmd_summarize)
+
+    train = commands.add_parser("train", formatter_class=formatter, help="train (run under torchrun for DDP)")
+    for section in (DataConfig(), OptimConfig(), RunConfig()):
+        _add_dataclass_options(train, section)
+    train.set_defaults(func=cmd_train)
+
+    serve = commands.add_parser("serve", formatter_class=formatter, help="serve a shard directory with nginx")
+    serve.add_argument("directory", help="directory holding the shards and shards.json")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8080, help="port (0: a free one)")
+    serve.add_argument("--nginx-workers", type=int, default=2, help="nginx worker processes")
+    serve.add_argument("--access-log", action="store_true", help="keep an access log")
+    serve.add_argument("--pid-file", default=None, help="write this command's pid here")
+    serve.set_defaults(func=cmd_serve)
+
+    demo = commands.add_parser("demo-data", formatter_class=formatter,
+                               help="write scikit-learn's digits as an ImageNet-layout JPEG dataset")
+    demo.add_argument("output", help="directory for train/ and val/")
+    demo.add_argument("--size", type=int, default=64, help="image side in pixels")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
+    demo.set_defaults(func=cmd_demo_data)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `imagenet-train` console script."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ImagenetTrainError as error:
+        print(f"imagenet-train: error: {one_line(str(error))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Make `import torchvision` work where its compiled extension cannot load.
+
+The registry's torchvision wheel is a CUDA build. Next to a CPU-only torch its `_C.so` fails to load
+(it links libc10_cuda.so), and torchvision's import then dies registering fake kernels for
+`torchvision::nms`/`qnms`, ops that only `_C.so` defines. We declare those op schemas ourselves, only
+when the extension cannot load, so models and transforms.v2 work. Detection ops (nms, roi_align) and
+`torchvision.io` stay unavailable there; where the extension loads (GPU images, healthy installs),
+this does nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_SCHEMAS = {
+    "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+}
+_state: dict[str, object] = {}
+
+
+def torchvision_extension_loads() -> bool:
+    """Whether torchvision's compiled `_C` extension loads next to this torch."""
+    import torch
+
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    for location in spec.submodule_search_locations:
+        for library in Path(location).glob("_C*.so"):
+            try:
+                torch.ops.load_library(str(library))
+                return True
+            except (OSError, RuntimeError):
+                return False
+    return False
+
+
+def ensure_torchvision() -> bool:
+    """Prepare torch so `import torchvision` succeeds; returns True when the shim was needed."""
+    if "shimmed" in _state:
+        return bool(_state["shimmed"])
+    import torch
+
+    shimmed = False
+    if not torchvision_extension_loads():
+        library = torch.library.Library("torchvision", "FRAGMENT")
+        for name, schema in _SCHEMAS.items():
+            if not _op_exists(name):
+                library.define(schema)
+        _state["library"] = library  # keep the registration alive
+        shimmed = True
+    _state["shimmed"] = shimmed
+    return shimmed
+
+
+def _op_exists(name: str) -> bool:
+    import torch
+
+    try:
+        getattr(torch.ops.torchvision, name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False

@@ -1,0 +1,247 @@
+"""Input pipelines for DDP: urls → shard split → tar samples → shuffle → decode+augment → batch."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import random
+import tarfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from . import plan, storage
+from .errors import ImagenetTrainError
+from .presets import decode_rgb
+
+log = logging.getLogger(__name__)
+
+Batch = tuple[torch.Tensor, torch.Tensor, list]
+
+
+def samples_in_tar(stream, url: str) -> Iterator[dict]:
+    """Group a tar stream's consecutive members by key into WebDataset samples."""
+    sample: dict | None = None
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as archive:
+            for member in archive:
+                if not member.isreg():
+                    continue
+                name = member.name.rsplit("/", 1)[-1]
+                key, _, extension = name.partition(".")
+                prefix = member.name[: len(member.name) - len(name)] + key
+                if sample is None or sample["__key__"] != prefix:
+                    if sample is not None:
+                        yield sample
+                    sample = {"__key__": prefix, "__url__": url}
+                sample[extension.lower()] = archive.extractfile(member).read()
+    except tarfile.TarError as error:
+        raise ImagenetTrainError(f"{url}: corrupt shard ({error})") from None
+    if sample is not None:
+        yield sample
+
+
+def read_shards(urls: Iterable[str], retries: int, max_empty: int | None = None) -> Iterator[dict]:
+    """Samples of each shard in turn; an unreachable shard fails after retries, naming its URL.
+
+    `max_empty` bounds how many shards in a row may yield nothing, so an endless resampled stream over
+    unusable shards fails instead of spinning forever.
+    """
+    empty = 0
+    for url in urls:
+        count = 0
+        with storage.open_stream(url, retries=retries) as stream:
+            for sample in samples_in_tar(stream, url):
+                count += 1
+                yield sample
+        empty = 0 if count else empty + 1
+        if max_empty is not None and empty >= max_empty:
+            raise ImagenetTrainError(f"{url}: {empty} shards in a row held no samples; check the shard list")
+
+
+def shuffled(items: Iterable, buffer: int, rng: random.Random) -> Iterator:
+    """Shuffle a stream through a buffer of `buffer` items."""
+    pool: list = []
+    for item in items:
+        if len(pool) < buffer:
+            pool.append(item)
+            continue
+        slot = rng.randrange(len(pool))
+        yield pool[slot]
+        pool[slot] = item
+    rng.shuffle(pool)
+    yield from pool
+
+
+def decoded(samples: Iterable[dict], transform: Callable, corrupt) -> Iterator[tuple]:
+    """(uint8 image, label, key) per sample; undecodable samples are skipped, logged and counted."""
+    for sample in samples:
+        try:
+            image = transform(decode_rgb(sample["jpg"]))
+            label = int(sample["cls"])
+        except Exception as error:  # any bad sample: PIL, libjpeg and parsing errors alike
+            with corrupt.get_lock():
+                corrupt.value += 1
+            log.warning("skipping corrupt sample %s in %s: %s", sample.get("__key__"), sample.get("__url__"),
+                        error if not isinstance(error, KeyError) else f"missing {error}")
+            continue
+        yield image, label, sample["__key__"]
+
+
+def collate(samples: Sequence[tuple]) -> Batch:
+    """Stack (image, label, key) samples into (images, labels, keys)."""
+    images = torch.stack([s[0] for s in samples])
+    labels = torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
+    return images, labels, [s[2] for s in samples]
+
+
+def batched(samples: Iterable[tuple], batch_size: int, partial: bool) -> Iterator[Batch]:
+    """Group samples into batches; the last short batch is kept only when `partial`."""
+    pending: list = []
+    for sample in samples:
+        pending.append(sample)
+        if len(pending) == batch_size:
+            yield collate(pending)
+            pending = []
+    if pending and partial:
+        yield collate(pending)
+
+
+def _worker() -> tuple[int, int]:
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info else (0, 1)
+
+
+@dataclass
+class ShardStream(IterableDataset):
+    """One rank's stream of batches, built in each DataLoader worker.
+
+    `resampled`: each worker draws shards at random with replacement, forever (the loader sets the
+    epoch length). Otherwise shards are permuted per epoch identically on all ranks, then split over
+    ranks and workers, so every sample is read exactly once per epoch.
+    """
+
+    urls: Sequence[str]
+    transform: Callable
+    batch_size: int
+    rank: int = 0
+    world: int = 1
+    resampled: bool = False
+    shuffle_shards: bool = True
+    shuffle_buffer: int = 1000
+    seed: int = 0
+    retries: int = 5
+    epoch: int = 0
+
+    def __post_init__(self):
+        self.corrupt = multiprocessing.Value("q", 0)
+
+    def shard_urls(self, worker: int, workers: int) -> Iterator[str]:
+        if self.resampled:
+            rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}")
+            while True:
+                yield self.urls[rng.randrange(len(self.urls))]
+        order = plan.epoch_order(len(self.urls), self.seed, self.epoch) if self.shuffle_shards else range(len(self.urls))
+        for shard in plan.worker_shards(list(order), self.rank, self.world, worker, workers):
+            yield self.urls[shard]
+
+    def __iter__(self) -> Iterator[Batch]:
+        worker, workers = _worker()
+        rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}:samples")
+        max_empty = 2 * len(self.urls) + 8 if self.resampled else None
+        samples = read_shards(self.shard_urls(worker, workers), self.retries, max_empty)
+        if self.shuffle_buffer > 1:
+            samples = shuffled(samples, self.shuffle_buffer, rng)
+        return batched(decoded(samples, self.transform, self.corrupt), self.batch_size, partial=not self.resampled)
+
+    def rank_shards(self) -> int:
+        """How many shards this rank reads in split mode."""
+        return len(plan.assigned(range(len(self.urls)), self.rank, self.world))
+
+
+class EpochLoader:
+    """Iterate one epoch of batches at a time; resampled streams are cut to exactly `batches` per rank."""
+
+    def __init__(self, stream: ShardStream, workers: int, batches: int | None = None, pin_memory: bool = False,
+                 mix_buffer: int = 1000):
+        if stream.resampled and not batches:
+            raise ImagenetTrainError("resampled loading needs an epoch length in batches")
+        self.stream, self.batches = stream, batches
+        self.workers = workers if stream.resampled else plan.loader_workers(stream.rank_shards(), workers)
+        self.pin_memory, self.mix_buffer = pin_memory, mix_buffer
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.epoch = epoch
+
+    @property
+    def corrupt_samples(self) -> int:
+        return self.stream.corrupt.value
+
+    def __iter__(self) -> Iterator[Batch]:
+        loader = DataLoader(
+            self.stream, batch_size=None, num_workers=self.workers, pin_memory=self.pin_memory,
+            prefetch_factor=4 if self.workers else None,
+        )
+        batches = iter(loader)
+        try:
+            if not self.stream.resampled:
+                yield from batches
+                return
+            # Each worker batch comes from one worker's shards: re-mix samples across workers, then batch.
+            rng = random.Random(f"{self.stream.seed}:{self.stream.epoch}:{self.stream.rank}:mix")
+            samples = shuffled(unbatched(batches), self.mix_buffer, rng)
+            yield from itertools.islice(batched(samples, self.stream.batch_size, partial=False), self.batches)
+        finally:
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown:
+                shutdown()
+
+
+def unbatched(batches: Iterable[Batch]) -> Iterator[tuple]:
+    """Split batches back into (image, label, key) samples."""
+    for images, labels, keys in batches:
+        yield from zip(images, labels, keys, strict=True)
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where the shards are and how big the splits are."""
+
+    train_urls: list[str]
+    val_urls: list[str]
+    train_sizes: list[int] | None
+    train_samples: int
+    num_classes: int
+
+
+def expand_urls(spec: str) -> list[str]:
+    """A WebDataset URL spec (brace notation, `::`-separated lists) as a list of URLs."""
+    from braceexpand import braceexpand
+
+    return [url for part in spec.split("::") if part for url in braceexpand(part)]
+
+
+def resolve_source(shards: str, train_urls: str = "", val_urls: str = "", train_samples: int = 0,
+                   num_classes: int = 0) -> DataSource:
+    """Read the shard index (or take explicit URL specs) into lists of URLs and counts."""
+    from .index import load_index
+
+    if shards:
+        index = load_index(shards)
+        sizes = index.sizes("train")
+        return DataSource(
+            train_urls=index.urls("train"),
+            val_urls=index.urls("val") if "val" in index.splits() else [],
+            train_sizes=sizes,
+            train_samples=sum(sizes),
+            num_classes=num_classes or len(index.classes),
+        )
+    if num_classes < 1:
+        raise ImagenetTrainError("--num-classes: required when shards are given as --train-urls")
+    urls = expand_urls(train_urls)
+    if not urls:
+        raise ImagenetTrainError(f"--train-urls: '{train_urls}' names no shards")
+    return DataSource(urls, expand_urls(val_urls), None, train_samples, num_classes)

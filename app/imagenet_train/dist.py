@@ -1,0 +1,67 @@
+"""Distributed set-up from the torchrun contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(timeout_minutes: float = 30.0) -> DistInfo:
+    """Join the process group torchrun described (nccl on GPU, gloo on CPU); a lone process needs none."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
+    return DistInfo(rank, world, local_rank, device)
+
+
+def all_sum(values: list[float], info: DistInfo) -> list[float]:
+    """Element-wise sum of a short list of numbers over all ranks."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=info.device)
+    if info.enabled:
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def all_gather_numbers(values: list[float], info: DistInfo) -> list[list[float]]:
+    """Every rank's list of numbers, in rank order."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=info.device)
+    if not info.enabled:
+        return [tensor.tolist()]
+    gathered = [torch.zeros_like(tensor) for _ in range(info.world)]
+    dist.all_gather(gathered, tensor)
+    return [t.tolist() for t in gathered]
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

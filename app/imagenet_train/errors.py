@@ -1,0 +1,16 @@
+"""User-facing errors: one line naming the input and what was expected."""
+
+
+class ImagenetTrainError(Exception):
+    """An error caused by the user's input or environment, printed without a traceback."""
+
+
+def one_line(message: str) -> str:
+    """Reduce an error message (possibly re-raised from a DataLoader worker) to its last line."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    if not lines:
+        return "unknown error"
+    last = lines[-1]
+    # A worker exception re-raised by DataLoader ends with "ImagenetTrainError: <message>".
+    prefix = f"{ImagenetTrainError.__name__}: "
+    return last.split(prefix, 1)[1] if prefix in last else last

@@ -1,0 +1,56 @@
+"""Checking and normalising one source image for a shard: JPEG bytes out, or a reason it was skipped."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import simplejpeg
+from PIL import Image
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+class UnusableImage(Exception):
+    """A source file that cannot become a training sample (the reason is the message)."""
+
+
+def _reencode(data: bytes, short_side: int | None, quality: int) -> bytes:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            image = Image.open(io.BytesIO(data))
+            image.load()
+    except Exception as error:
+        raise UnusableImage(f"not a decodable image ({type(error).__name__}: {error})") from None
+    image = image.convert("RGB")
+    if short_side and min(image.size) > short_side:
+        scale = short_side / min(image.size)
+        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+        image = image.resize(size, Image.Resampling.LANCZOS)
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def prepare(data: bytes, short_side: int | None = None, quality: int = 90) -> tuple[bytes, str | None]:
+    """Return JPEG bytes for a sample and why it was re-encoded (None: original bytes kept)."""
+    if not data:
+        raise UnusableImage("empty file")
+    if data[:3] != b"\xff\xd8\xff":
+        kind = "PNG" if data.startswith(PNG_SIGNATURE) else "non-JPEG"
+        return _reencode(data, short_side, quality), f"{kind} data re-encoded as RGB JPEG"
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError as error:
+        raise UnusableImage(f"unreadable JPEG header ({error})") from None
+    if colorspace in ("CMYK", "YCCK"):
+        return _reencode(data, short_side, quality), f"{colorspace} JPEG re-encoded as RGB"
+    try:
+        # A 1/8-scale decode still entropy-decodes every block, so truncation is caught cheaply.
+        simplejpeg.decode_jpeg(data, min_height=1, min_width=1, strict=True)
+    except ValueError as error:
+        raise UnusableImage(f"corrupt JPEG ({error})") from None
+    if short_side and min(height, width) > short_side:
+        return _reencode(data, short_side, quality), None
+    return data, None

@@ -1,0 +1,64 @@
+"""Decoding and augmentation: what a sample's JPEG becomes before batching (uint8), and normalisation after."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import simplejpeg
+import torch
+from PIL import Image
+
+from .compat import ensure_torchvision
+
+ensure_torchvision()
+from torchvision.transforms import v2  # noqa: E402
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def decode_rgb(data: bytes) -> torch.Tensor:
+    """JPEG (or any PIL-readable) bytes to a uint8 CHW RGB tensor; libjpeg-turbo first, PIL as fallback."""
+    try:
+        array = simplejpeg.decode_jpeg(data, colorspace="RGB")
+    except ValueError:
+        with Image.open(io.BytesIO(data)) as image:
+            array = np.asarray(image.convert("RGB"))
+    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
+
+
+@dataclass(frozen=True)
+class TrainPreset:
+    """RandomResizedCrop to `size` (area fraction from `min_scale` to 1) and an optional horizontal flip."""
+
+    size: int = 224
+    min_scale: float = 0.08
+    hflip: bool = True
+
+    def build(self) -> v2.Transform:
+        stages = [v2.RandomResizedCrop(self.size, scale=(self.min_scale, 1.0), antialias=True)]
+        if self.hflip:
+            stages.append(v2.RandomHorizontalFlip())
+        return v2.Compose(stages)
+
+
+@dataclass(frozen=True)
+class ValPreset:
+    """Resize the short side to `resize` (default size / 0.875), then centre-crop `size`."""
+
+    size: int = 224
+    resize: int | None = None
+
+    def build(self) -> v2.Transform:
+        resize = self.resize or round(self.size / 0.875)
+        return v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(self.size)])
+
+
+def normalize(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
+    """uint8 NCHW batch (on its device) to float, ImageNet-normalised; done after the copy to save bandwidth."""
+    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD, device=images.device).view(1, 3, 1, 1) * 255
+    out = images.float().sub_(mean).div_(std)
+    return out.contiguous(memory_format=torch.channels_last) if channels_last else out

@@ -1,0 +1,131 @@
+"""Opening URLs: local paths, file://, http(s):// (retried, resumed mid-stream), pipe: and the rest via webdataset."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import BinaryIO
+
+from .errors import ImagenetTrainError
+
+HTTP_TIMEOUT_S = 60.0
+
+
+def is_url(location: str) -> bool:
+    """Whether `location` names a remote or piped resource rather than a local path."""
+    scheme = urllib.parse.urlsplit(location).scheme
+    return location.startswith("pipe:") or (len(scheme) > 1 and scheme != "file")
+
+
+def local_path(location: str) -> str:
+    """The filesystem path for a plain path or file:// URL."""
+    if location.startswith("file://"):
+        return urllib.parse.unquote(urllib.parse.urlsplit(location).path)
+    return location
+
+
+def join(base: str, name: str) -> str:
+    """Resolve `name` relative to the directory URL or path `base` (absolute names pass through)."""
+    if is_url(name) or name.startswith("/") or name.startswith("file://"):
+        return name
+    if is_url(base) or base.startswith("file://"):
+        return urllib.parse.urljoin(base.rstrip("/") + "/", name)
+    return os.path.join(base, name)
+
+
+def parent(location: str) -> str:
+    """The directory URL or path containing `location`."""
+    if is_url(location) or location.startswith("file://"):
+        return location.rsplit("/", 1)[0]
+    return os.path.dirname(os.path.abspath(location))
+
+
+def _backoff(attempt: int) -> float:
+    return min(8.0, 0.25 * 2**attempt)
+
+
+class HTTPStream(io.RawIOBase):
+    """A readable HTTP body that retries the connection and resumes with a Range request after errors."""
+
+    def __init__(self, url: str, retries: int = 5, timeout: float = HTTP_TIMEOUT_S):
+        self.url, self.retries, self.timeout = url, retries, timeout
+        self.position = 0
+        self.response = self._connect()
+
+    def _connect(self):
+        last_error = "no attempt"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(_backoff(attempt))
+            request = urllib.request.Request(self.url)
+            if self.position:
+                request.add_header("Range", f"bytes={self.position}-")
+            try:
+                response = urllib.request.urlopen(request, timeout=self.timeout)
+            except urllib.error.HTTPError as error:
+                if error.code < 500 and error.code != 429:
+                    raise ImagenetTrainError(f"{self.url}: HTTP {error.code} {error.reason}") from None
+                last_error = f"HTTP {error.code} {error.reason}"
+                continue
+            except (urllib.error.URLError, OSError) as error:
+                last_error = str(getattr(error, "reason", error))
+                continue
+            if self.position and response.status != 206:
+                raise ImagenetTrainError(f"{self.url}: server ignored a Range request; cannot resume")
+            return response
+        raise ImagenetTrainError(
+            f"{self.url}: unreachable after {self.retries + 1} attempts ({last_error})"
+        )
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        for attempt in range(self.retries + 1):
+            try:
+                count = self.response.readinto(buffer)
+                self.position += count
+                return count
+            except (OSError, urllib.error.URLError, ValueError) as error:
+                if attempt == self.retries:
+                    raise ImagenetTrainError(
+                        f"{self.url}: read failed at byte {self.position} after retries ({error})"
+                    ) from None
+                self.response.close()
+                time.sleep(_backoff(attempt))
+                self.response = self._connect()
+        return 0
+
+    def close(self) -> None:
+        if not self.closed:
+            self.response.close()
+        super().close()
+
+
+def open_stream(location: str, retries: int = 5) -> BinaryIO:
+    """Open a URL or path for sequential binary reading; errors name the location."""
+    scheme = urllib.parse.urlsplit(location).scheme
+    if scheme in ("http", "https"):
+        return io.BufferedReader(HTTPStream(location, retries=retries), buffer_size=1 << 20)
+    if is_url(location):
+        import webdataset
+
+        try:
+            return webdataset.gopen(location, "rb")
+        except Exception as error:  # gopen raises bare exceptions for unknown schemes
+            raise ImagenetTrainError(f"{location}: cannot open ({error})") from None
+    path = local_path(location)
+    try:
+        return open(path, "rb", buffering=1 << 20)
+    except OSError as error:
+        raise ImagenetTrainError(f"{path}: cannot open ({error.strerror})") from None
+
+
+def read_bytes(location: str, retries: int = 5) -> bytes:
+    """Read a whole (small) resource, such as a shard index."""
+    with open_stream(location, retries=retries) as stream:
+        return stream.read()

@@ -1,0 +1,318 @@
+"""The DDP training loop: epochs of train steps (under Join in split mode), evaluation, metrics, checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from . import checkpoint, plan
+from .compat import ensure_torchvision
+from .config import Config
+from .data import DataSource, EpochLoader, ShardStream, resolve_source
+from .dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
+from .errors import ImagenetTrainError
+from .presets import TrainPreset, ValPreset, normalize
+
+log = logging.getLogger(__name__)
+
+
+def build_model(arch: str, num_classes: int) -> torch.nn.Module:
+    """A torchvision classification model by name, randomly initialised."""
+    ensure_torchvision()
+    import torchvision
+
+    names = torchvision.models.list_models(module=torchvision.models)
+    if arch not in names:
+        raise ImagenetTrainError(f"--arch: unknown model '{arch}' (torchvision has e.g. resnet18, resnet50)")
+    return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on weights only: not on biases and normalisation parameters."""
+    decay, no_decay = [], []
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            (no_decay if parameter.ndim <= 1 else decay).append(parameter)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype: bf16 on capable GPUs under 'auto', nothing on CPU unless asked."""
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return None
+    if mode == "fp16":
+        return torch.float16
+    if mode == "auto" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+class Trainer:
+    """One training run on one rank."""
+
+    def __init__(self, cfg: Config, info: DistInfo, source: DataSource):
+        self.cfg, self.info, self.source = cfg, info, source
+        data, run = cfg.data, cfg.run
+        self.split = data.mode == "split"
+        self.run_dir = Path(run.run_dir)
+        torch.manual_seed(run.seed)  # identical initial weights on every rank
+        model = build_model(run.arch, source.num_classes).to(info.device)
+        self.channels_last = run.channels_last and info.device.type == "cuda"
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.ddp = DistributedDataParallel(model) if info.enabled else model
+        torch.manual_seed(run.seed + 1000 * info.rank)  # different augmentation per rank
+        self.global_batch = data.batch_size * info.world
+        self.base_lr = cfg.optim.lr * self.global_batch / 256
+        self.optimizer = torch.optim.SGD(
+            parameter_groups(model, cfg.optim.weight_decay), lr=self.base_lr,
+            momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov,
+        )
+        self.amp = amp_dtype(run.amp, info.device)
+        self.scaler = torch.amp.GradScaler(info.device.type, enabled=self.amp == torch.float16)
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+        self.train_loader = self._train_loader()
+        self.val_loader = self._val_loader()
+        self.start_epoch = 0
+
+    def _train_loader(self) -> EpochLoader:
+        data, info = self.cfg.data, self.info
+        stream = ShardStream(
+            urls=self.source.train_urls,
+            transform=TrainPreset(data.image_size, data.min_crop_scale, data.hflip).build(),
+            batch_size=data.batch_size, rank=info.rank, world=info.world, resampled=not self.split,
+            shuffle_buffer=data.shuffle_buffer, seed=self.cfg.run.seed, retries=data.retries,
+        )
+        return EpochLoader(stream, data.workers, None if self.split else self.epoch_batches(0),
+                           pin_memory=info.device.type == "cuda", mix_buffer=data.shuffle_buffer)
+
+    def _val_loader(self) -> EpochLoader | None:
+        if not self.source.val_urls:
+            return None
+        data, info = self.cfg.data, self.info
+        stream = ShardStream(
+            urls=self.source.val_urls, transform=ValPreset(data.image_size, data.val_resize or None).build(),
+            batch_size=data.batch_size, rank=info.rank, world=info.world, resampled=False,
+            shuffle_shards=False, shuffle_buffer=0, retries=data.retries,
+        )
+        return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda")
+
+    def epoch_batches(self, epoch: int) -> int:
+        """Steps in an epoch for the schedule: the same number on every rank."""
+        data, info = self.cfg.data, self.info
+        if not self.split:
+            return data.epoch_batches or plan.resampled_epoch_batches(
+                self.source.train_samples, data.batch_size, info.world)
+        if self.source.train_sizes is None:
+            return max(1, math.ceil(self.source.train_samples / self.global_batch))
+        ranks = plan.split_epoch(self.source.train_sizes, info.world, data.workers, data.batch_size,
+                                 self.cfg.run.seed, epoch)
+        return max(r.batches for r in ranks)
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def resume(self) -> None:
+        wanted = self.cfg.run.resume
+        if not wanted:
+            return
+        path = checkpoint.latest(str(self.run_dir)) if wanted == "latest" else Path(wanted)
+        if path is None:
+            if self.info.is_main:
+                log.warning("no checkpoint in %s; starting from epoch 0", self.run_dir)
+            return
+        if not path.is_file():
+            raise ImagenetTrainError(f"--resume: checkpoint {path} does not exist")
+        state = checkpoint.load(path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.start_epoch = int(state["epoch"]) + 1
+        if self.info.is_main:
+            print(f"resumed from {path}: continuing at epoch {self.start_epoch}", flush=True)
+
+    def save(self, epoch: int) -> None:
+        if not self.info.is_main:
+            return
+        state = {
+            "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(), "schedule": {"base_lr": self.base_lr, "epochs": self.cfg.run.epochs},
+            "config": json.loads(self.cfg.to_json()),
+        }
+        checkpoint.save(state, checkpoint.checkpoint_path(str(self.run_dir), epoch))
+
+    # -- one epoch ----------------------------------------------------------------------------
+    def set_lr(self, epoch: int, step: int, steps: int) -> float:
+        total = self.cfg.run.epochs * steps
+        warmup = round(self.cfg.optim.warmup_epochs * steps)
+        lr = plan.lr_at(epoch * steps + min(step, steps - 1), total, warmup, self.base_lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def train_epoch(self, epoch: int) -> dict:
+        info, loader = self.info, self.train_loader
+        loader.set_epoch(epoch)
+        self.ddp.train()
+        steps = self.epoch_batches(epoch)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
+        samples, batches, lr, keys = 0, 0, self.base_lr, []
+        corrupt_before = loader.corrupt_samples
+        bar = tqdm(total=steps, desc=f"epoch {epoch}", unit="batch", disable=not info.is_main, mininterval=2)
+        join = Join([self.ddp], enable=self.split and info.enabled) if self.split else contextlib.nullcontext()
+        with join:
+            for images, labels, batch_keys in loader:
+                lr = self.set_lr(epoch, batches, steps)
+                images = normalize(images.to(info.device, non_blocking=True), self.channels_last)
+                labels = labels.to(info.device, non_blocking=True)
+                with torch.autocast(info.device.type, dtype=self.amp, enabled=self.amp is not None):
+                    loss = self.criterion(self.ddp(images), labels)
+                self.optimizer.zero_grad(set_to_none=True)
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                loss_sum += loss.detach().double() * len(labels)
+                samples += len(labels)
+                batches += 1
+                if self.cfg.run.log_keys:
+                    keys.extend(batch_keys)
+                bar.update()
+        bar.close()
+        if self.split and info.enabled:
+            self._sync_optimizer_state(batches)
+        self._write_keys("train", epoch, keys)
+        total_loss, total_samples, corrupt = all_sum(
+            [loss_sum.item(), samples, loader.corrupt_samples - corrupt_before], info)
+        per_rank = [int(b[0]) for b in all_gather_numbers([batches], info)]
+        return {"lr": lr, "train_loss": total_loss / max(total_samples, 1), "train_samples": int(total_samples),
+                "batches_per_rank": per_rank, "corrupt_samples": int(corrupt)}
+
+    def _sync_optimizer_state(self, batches: int) -> None:
+        """After Join, copy momentum from a rank that ran every step, so replicas stay identical.
+
+        Join's DDP hook syncs the parameters from the last joiner; optimizer state on ranks that
+        joined early is stale and would make the replicas drift apart from the next step on.
+        """
+        counts = [int(c[0]) for c in all_gather_numbers([batches], self.info)]
+        source = max(rank for rank, count in enumerate(counts) if count == max(counts))
+        for state in self.optimizer.state.values():
+            for value in state.values():
+                if torch.is_tensor(value) and value.numel() > 0:
+                    dist.broadcast(value, src=source)
+
+    def replicas_in_sync(self) -> bool:
+        """Whether every rank holds the same weights and momentum (a cheap checksum compare)."""
+        if not self.info.enabled:
+            return True
+        total = sum(p.detach().double().sum().item() for p in self.model.parameters())
+        total += sum(v.double().sum().item() for s in self.optimizer.state.values() for v in s.values()
+                     if torch.is_tensor(v) and v.dtype.is_floating_point)
+        sums = [s[0] for s in all_gather_numbers([total], self.info)]
+        return max(sums) - min(sums) <= 1e-6 * max(1.0, abs(sums[0]))
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> dict:
+        if self.val_loader is None:
+            return {}
+        info = self.info
+        self.model.eval()
+        topk = min(5, self.source.num_classes)
+        loss_sum, correct1, correctk, count, keys = 0.0, 0, 0, 0, []
+        for images, labels, batch_keys in self.val_loader:
+            images = normalize(images.to(info.device, non_blocking=True), self.channels_last)
+            labels = labels.to(info.device, non_blocking=True)
+            with torch.autocast(info.device.type, dtype=self.amp, enabled=self.amp is not None):
+                logits = self.model(images)
+            loss_sum += torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").item()
+            top = logits.topk(topk, dim=1).indices
+            hits = top.eq(labels.view(-1, 1))
+            correct1 += int(hits[:, 0].sum())
+            correctk += int(hits.any(dim=1).sum())
+            count += len(labels)
+            if self.cfg.run.log_keys:
+                keys.extend(batch_keys)
+        self._write_keys("val", epoch, keys)
+        loss_sum, correct1, correctk, count = all_sum([loss_sum, correct1, correctk, count], info)
+        if count == 0:
+            raise ImagenetTrainError("validation: the val shards held no samples")
+        return {"val_loss": loss_sum / count, "top1": correct1 / count, f"top{topk}": correctk / count,
+                "val_samples": int(count)}
+
+    def _write_keys(self, split: str, epoch: int, keys: list[str]) -> None:
+        if not self.cfg.run.log_keys:
+            return
+        folder = self.run_dir / "keys"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{split}-epoch{epoch:04d}-rank{self.info.rank}.txt").write_text("".join(k + "\n" for k in keys))
+
+    # -- the run ------------------------------------------------------------------------------
+    def write_config(self) -> None:
+        if not self.info.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        resolved = json.loads(self.cfg.to_json())
+        resolved["derived"] = {
+            "world_size": self.info.world, "global_batch": self.global_batch, "base_lr": self.base_lr,
+            "train_shards": len(self.source.train_urls), "val_shards": len(self.source.val_urls),
+            "train_samples": self.source.train_samples, "num_classes": self.source.num_classes,
+            "epoch_batches": self.epoch_batches(self.start_epoch), "device": str(self.info.device),
+            "amp": str(self.amp),
+        }
+        (self.run_dir / "config.json").write_text(json.dumps(resolved, indent=1) + "\n")
+
+    def run(self) -> dict:
+        self.resume()
+        self.write_config()
+        last: dict = {}
+        for epoch in range(self.start_epoch, self.cfg.run.epochs):
+            started = time.time()
+            record = {"epoch": epoch, **self.train_epoch(epoch)}
+            if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.cfg.run.epochs:
+                record.update(self.evaluate(epoch))
+            record["replicas_in_sync"] = self.replicas_in_sync()
+            record["epoch_time_s"] = round(time.time() - started, 3)
+            record["samples_per_s"] = round(record["train_samples"] / max(record["epoch_time_s"], 1e-9), 1)
+            self.save(epoch)
+            if self.info.is_main:
+                with open(self.run_dir / "metrics.jsonl", "a") as stream:
+                    stream.write(json.dumps(record) + "\n")
+                print(_summary(record), flush=True)
+                if not record["replicas_in_sync"]:
+                    log.error("replicas diverged at epoch %d: weights differ across ranks", epoch)
+            last = record
+        return last
+
+
+def _summary(record: dict) -> str:
+    parts = [f"epoch {record['epoch']}", f"loss {record['train_loss']:.4f}"]
+    if "top1" in record:
+        parts.append(f"top1 {record['top1']:.4f}")
+    parts += [f"{record['samples_per_s']:.0f} img/s", f"{record['epoch_time_s']:.1f}s"]
+    if record["corrupt_samples"]:
+        parts.append(f"{record['corrupt_samples']} corrupt samples skipped")
+    return " | ".join(parts)
+
+
+def train(cfg: Config) -> dict:
+    """Run training on this rank as torchrun launched it; returns the last epoch's metrics."""
+    cfg.validate()
+    info = init_distributed()
+    try:
+        data = cfg.data
+        source = resolve_source(data.shards, data.train_urls, data.val_urls, data.train_samples,
+                                data.num_classes)
+        result = Trainer(cfg, info, source).run()
+        if info.is_main:
+            print(f"run directory: {Path(cfg.run.run_dir).resolve()}", flush=True)
+        return result
+    finally:
+        cleanup()
