@@ -18,9 +18,29 @@ from imagenet_train.shards import ShardOptions, convert
 
 # Small images, a small network and mild crops: the digits are 8x8 at heart, and flips change them.
 TRAIN_ARGS = [
-    "--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--min-crop-scale", "0.5",
-    "--no-hflip", "--batch-size", "32", "--workers", "1", "--lr", "0.8", "--warmup-epochs", "1",
-    "--label-smoothing", "0.0", "--weight-decay", "5e-4", "--shuffle-buffer", "500",
+    "--arch",
+    "resnet18",
+    "--image-size",
+    "32",
+    "--val-resize",
+    "32",
+    "--min-crop-scale",
+    "0.5",
+    "--no-hflip",
+    "--batch-size",
+    "32",
+    "--workers",
+    "1",
+    "--lr",
+    "0.8",
+    "--warmup-epochs",
+    "1",
+    "--label-smoothing",
+    "0.0",
+    "--weight-decay",
+    "5e-4",
+    "--shuffle-buffer",
+    "500",
 ]
 
 
@@ -36,17 +56,34 @@ def main() -> int:
         if not (work / "raw" / "train").is_dir():
             counts = write_digits(work / "raw")
             print(f"demo data: {counts['train']} train / {counts['val']} val digit JPEGs in {work / 'raw'}")
-        document = convert(str(work / "raw"), str(work / "shards"), ShardOptions(maxcount=100, workers=2),
-                           progress=False)
-        print("shards: " + ", ".join(f"{s} {i['nsamples']} samples / {len(i['shardlist'])} shards"
-                                     for s, i in document["splits"].items()))
+        document = convert(
+            str(work / "raw"), str(work / "shards"), ShardOptions(maxcount=100, workers=2), progress=False
+        )
+        print(
+            "shards: "
+            + ", ".join(
+                f"{s} {i['nsamples']} samples / {len(i['shardlist'])} shards" for s, i in document["splits"].items()
+            )
+        )
         run_dir = work / "runs" / time.strftime("%Y%m%d-%H%M%S")
         with NginxServer(str(work / "shards")) as server:
             print(f"nginx serving the shards at {server.url}/ (pid {server.pid})", flush=True)
             command = [
-                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-                "-m", "imagenet_train.cli", "train", "--shards", f"{server.url}/shards.json",
-                "--run-dir", str(run_dir), "--epochs", str(args.epochs), *TRAIN_ARGS,
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={args.nproc}",
+                "-m",
+                "imagenet_train.cli",
+                "train",
+                "--shards",
+                f"{server.url}/shards.json",
+                "--run-dir",
+                str(run_dir),
+                "--epochs",
+                str(args.epochs),
+                *TRAIN_ARGS,
             ]
             print("$ " + " ".join(command), flush=True)
             result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -57,8 +94,10 @@ def main() -> int:
         print(f"demo: error: {error}", file=sys.stderr)
         return 2
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    print(f"\nrun directory: {run_dir}\nfinal top-1: {last['top1']:.4f} after {last['epoch'] + 1} epochs; "
-          f"wall time {time.time() - started:.0f}s")
+    print(
+        f"\nrun directory: {run_dir}\nfinal top-1: {last['top1']:.4f} after {last['epoch'] + 1} epochs; "
+        f"wall time {time.time() - started:.0f}s"
+    )
     return 0
 
 

@@ -53,11 +53,17 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, instance) -> None:
         flag = "--" + field.name.replace("_", "-")
         default = getattr(instance, field.name)
         if isinstance(default, bool):
-            group.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=default,
-                               help=HELP.get(field.name, ""))
+            group.add_argument(
+                flag,
+                dest=field.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=HELP.get(field.name, ""),
+            )
         else:
-            group.add_argument(flag, dest=field.name, type=type(default), default=default,
-                               help=HELP.get(field.name, ""))
+            group.add_argument(
+                flag, dest=field.name, type=type(default), default=default, help=HELP.get(field.name, "")
+            )
 
 
 def _config_from(args: argparse.Namespace):
@@ -73,13 +79,22 @@ def _config_from(args: argparse.Namespace):
 def cmd_shards(args: argparse.Namespace) -> int:
     from .shards import ShardOptions, convert
 
-    options = ShardOptions(prefix=args.prefix, maxcount=args.maxcount, maxsize=args.maxsize, workers=args.workers,
-                           seed=args.seed, resize=args.resize or None, quality=args.quality)
+    options = ShardOptions(
+        prefix=args.prefix,
+        maxcount=args.maxcount,
+        maxsize=args.maxsize,
+        workers=args.workers,
+        seed=args.seed,
+        resize=args.resize or None,
+        quality=args.quality,
+    )
     document = convert(args.source, args.output, options, val_labels=args.val_labels, progress=not args.quiet)
     for split, info in document["splits"].items():
         print(f"{split}: {info['nsamples']} samples in {len(info['shardlist'])} shards")
-    print(f"classes: {len(document['classes'])} ({document['layout']} layout); "
-          f"shards already complete and kept: {document['resumed_shards']}")
+    print(
+        f"classes: {len(document['classes'])} ({document['layout']} layout); "
+        f"shards already complete and kept: {document['resumed_shards']}"
+    )
     if document["reencoded"]:
         print(f"re-encoded as RGB JPEG: {len(document['reencoded'])}")
         for item in document["reencoded"][: args.list]:
@@ -119,8 +134,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import NginxServer
 
-    with NginxServer(args.directory, host=args.host, port=args.port, workers=args.nginx_workers,
-                     access_log=args.access_log) as server:
+    with NginxServer(
+        args.directory, host=args.host, port=args.port, workers=args.nginx_workers, access_log=args.access_log
+    ) as server:
         print(f"serving {server.root} at {server.url}/ (nginx pid {server.pid}); Ctrl-C stops", flush=True)
         if args.pid_file:
             with open(args.pid_file, "w") as stream:
@@ -146,8 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .config import DataConfig, OptimConfig, RunConfig
 
     formatter = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(prog="imagenet-train", formatter_class=formatter,
-                                     description="ImageNet to WebDataset shards to multinode DDP training.")
+    parser = argparse.ArgumentParser(
+        prog="imagenet-train",
+        formatter_class=formatter,
+        description="ImageNet to WebDataset shards to multinode DDP training.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     shards = commands.add_parser("shards", formatter_class=formatter, help="convert a dataset into shards + index")
@@ -184,8 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--pid-file", default=None, help="write this command's pid here")
     serve.set_defaults(func=cmd_serve)
 
-    demo = commands.add_parser("demo-data", formatter_class=formatter,
-                               help="write scikit-learn's digits as an ImageNet-layout JPEG dataset")
+    demo = commands.add_parser(
+        "demo-data", formatter_class=formatter, help="write scikit-learn's digits as an ImageNet-layout JPEG dataset"
+    )
     demo.add_argument("output", help="directory for train/ and val/")
     demo.add_argument("--size", type=int, default=64, help="image side in pixels")
     demo.add_argument("--seed", type=int, default=0, help="seed of the train/val split")

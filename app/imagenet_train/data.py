@@ -85,8 +85,12 @@ def decoded(samples: Iterable[dict], transform: Callable, corrupt) -> Iterator[t
         except Exception as error:  # any bad sample: PIL, libjpeg and parsing errors alike
             with corrupt.get_lock():
                 corrupt.value += 1
-            log.warning("skipping corrupt sample %s in %s: %s", sample.get("__key__"), sample.get("__url__"),
-                        error if not isinstance(error, KeyError) else f"missing {error}")
+            log.warning(
+                "skipping corrupt sample %s in %s: %s",
+                sample.get("__key__"),
+                sample.get("__url__"),
+                error if not isinstance(error, KeyError) else f"missing {error}",
+            )
             continue
         yield image, label, sample["__key__"]
 
@@ -144,7 +148,9 @@ class ShardStream(IterableDataset):
             rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}")
             while True:
                 yield self.urls[rng.randrange(len(self.urls))]
-        order = plan.epoch_order(len(self.urls), self.seed, self.epoch) if self.shuffle_shards else range(len(self.urls))
+        order = (
+            plan.epoch_order(len(self.urls), self.seed, self.epoch) if self.shuffle_shards else range(len(self.urls))
+        )
         for shard in plan.worker_shards(list(order), self.rank, self.world, worker, workers):
             yield self.urls[shard]
 
@@ -165,8 +171,14 @@ class ShardStream(IterableDataset):
 class EpochLoader:
     """Iterate one epoch of batches at a time; resampled streams are cut to exactly `batches` per rank."""
 
-    def __init__(self, stream: ShardStream, workers: int, batches: int | None = None, pin_memory: bool = False,
-                 mix_buffer: int = 1000):
+    def __init__(
+        self,
+        stream: ShardStream,
+        workers: int,
+        batches: int | None = None,
+        pin_memory: bool = False,
+        mix_buffer: int = 1000,
+    ):
         if stream.resampled and not batches:
             raise ImagenetTrainError("resampled loading needs an epoch length in batches")
         self.stream, self.batches = stream, batches
@@ -182,7 +194,10 @@ class EpochLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         loader = DataLoader(
-            self.stream, batch_size=None, num_workers=self.workers, pin_memory=self.pin_memory,
+            self.stream,
+            batch_size=None,
+            num_workers=self.workers,
+            pin_memory=self.pin_memory,
             prefetch_factor=4 if self.workers else None,
         )
         batches = iter(loader)
@@ -224,13 +239,19 @@ def expand_urls(spec: str) -> list[str]:
     return [url for part in spec.split("::") if part for url in braceexpand(part)]
 
 
-def resolve_source(shards: str, train_urls: str = "", val_urls: str = "", train_samples: int = 0,
-                   num_classes: int = 0) -> DataSource:
+def resolve_source(
+    shards: str,
+    train_urls: str = "",
+    val_urls: str = "",
+    train_samples: int = 0,
+    num_classes: int = 0,
+    retries: int = 5,
+) -> DataSource:
     """Read the shard index (or take explicit URL specs) into lists of URLs and counts."""
     from .index import load_index
 
     if shards:
-        index = load_index(shards)
+        index = load_index(shards, retries=retries)
         sizes = index.sizes("train")
         return DataSource(
             train_urls=index.urls("train"),

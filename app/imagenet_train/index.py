@@ -57,12 +57,12 @@ def index_location(location: str) -> str:
     return os.path.join(location, INDEX_NAME)
 
 
-def load_index(location: str) -> ShardIndex:
+def load_index(location: str, retries: int = 5) -> ShardIndex:
     """Read and check a shard index from a path, directory or URL."""
     where = index_location(location)
     if not storage.is_url(where) and not os.path.exists(storage.local_path(where)):
         raise ImagenetTrainError(f"{where}: no shard index here (run `imagenet-train shards` first)")
-    raw = storage.read_bytes(where)
+    raw = storage.read_bytes(where, retries=retries)
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as error:

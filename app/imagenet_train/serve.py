@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from importlib import resources
 from pathlib import Path
@@ -17,6 +20,7 @@ from .errors import ImagenetTrainError
 
 MAIN_CONFIG = """\
 daemon off;
+{user}
 worker_processes {workers};
 pid {state}/nginx.pid;
 error_log {state}/error.log warn;
@@ -54,8 +58,7 @@ def nginx_binary() -> str:
 class NginxServer:
     """A shard server on host:port for `root`; use as a context manager, stopped by its pid."""
 
-    def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, workers: int = 2,
-                 access_log: bool = False):
+    def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, workers: int = 2, access_log: bool = False):
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise ImagenetTrainError(f"{root}: shard directory does not exist")
@@ -71,9 +74,23 @@ class NginxServer:
     def config_text(self, state: Path) -> str:
         tuning = resources.files("imagenet_train") / "nginx" / "shards.conf"
         return MAIN_CONFIG.format(
-            workers=self.workers, state=state, host=self.host, port=self.port, root=self.root,
-            tuning=tuning, access_log=f"{state}/access.log" if self.access_log else "off",
+            user=self._user_directive(),
+            workers=self.workers,
+            state=state,
+            host=self.host,
+            port=self.port,
+            root=self.root,
+            tuning=tuning,
+            access_log=f"{state}/access.log" if self.access_log else "off",
         )
+
+    def _user_directive(self) -> str:
+        # Started as root, nginx workers would drop to `nobody` and could not read a private
+        # directory: serve the files as the user who owns them instead.
+        if os.geteuid() != 0:
+            return ""
+        owner = self.root.stat()
+        return f"user {pwd.getpwuid(owner.st_uid).pw_name} {grp.getgrgid(owner.st_gid).gr_name};"
 
     def start(self, timeout: float = 10.0) -> NginxServer:
         self.state = Path(tempfile.mkdtemp(prefix="imagenet-train-nginx-"))
@@ -81,17 +98,23 @@ class NginxServer:
         config.write_text(self.config_text(self.state))
         self.process = subprocess.Popen(
             [nginx_binary(), "-p", str(self.state), "-c", str(config), "-e", str(self.state / "error.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 error = (self.process.stderr.read() or b"").decode().strip().splitlines()
-                raise ImagenetTrainError(f"nginx on {self.host}:{self.port} failed to start: "
-                                         f"{error[-1] if error else 'exit ' + str(self.process.returncode)}")
+                raise ImagenetTrainError(
+                    f"nginx on {self.host}:{self.port} failed to start: "
+                    f"{error[-1] if error else 'exit ' + str(self.process.returncode)}"
+                )
             try:
                 urllib.request.urlopen(self.url + "/", timeout=1).close()
                 return self
+            except urllib.error.HTTPError as error:
+                self.stop()
+                raise ImagenetTrainError(f"nginx on {self.url} answers HTTP {error.code} for {self.root}") from None
             except OSError:
                 time.sleep(0.05)
         self.stop()

@@ -163,8 +163,9 @@ def build_index(dataset: Dataset, jobs: list[ShardJob], entries: dict[str, dict]
     }
 
 
-def convert(source: str, output: str, options: ShardOptions, val_labels: str | None = None,
-            progress: bool = True) -> dict:
+def convert(
+    source: str, output: str, options: ShardOptions, val_labels: str | None = None, progress: bool = True
+) -> dict:
     """Convert the dataset at `source` into shards and `shards.json` in `output`; resumes finished work."""
     if options.maxcount < 1 or options.maxsize < 1 or options.workers < 1:
         raise ImagenetTrainError("--maxcount, --maxsize and --workers must be positive")

@@ -56,9 +56,7 @@ def _keyed(split: str, images: list[SourceImage]) -> list[SourceImage]:
     counts = Counter(image.key for image in images)
     if all(count == 1 for count in counts.values()):
         return images
-    renamed = [
-        SourceImage(f"{i.wnid}_{i.key}", i.wnid, i.path, i.offset, i.size, i.name) for i in images
-    ]
+    renamed = [SourceImage(f"{i.wnid}_{i.key}", i.wnid, i.path, i.offset, i.size, i.name) for i in images]
     duplicates = [key for key, count in Counter(i.key for i in renamed).items() if count > 1]
     if duplicates:
         raise ImagenetTrainError(f"{split}: image name '{duplicates[0]}' occurs twice in one class")
@@ -122,9 +120,7 @@ def read_val_labels(path: Path) -> dict[str, str]:
 def _apply_val_labels(images: list[SourceImage], labels: dict[str, str], classes: list[str], where: str):
     missing = [i.name for i in images if i.key not in labels]
     if missing:
-        raise ImagenetTrainError(
-            f"{where}: {len(missing)} validation images have no label (first: {missing[0]})"
-        )
+        raise ImagenetTrainError(f"{where}: {len(missing)} validation images have no label (first: {missing[0]})")
     names = {i.key for i in images}
     orphans = sorted(set(labels) - names)
     if orphans:
@@ -207,12 +203,10 @@ def _ilsvrc_tars(root: Path, val_labels: Path | None) -> Dataset:
         labels_path = val_labels or _default_val_labels(root)
         if labels_path is None:
             raise ImagenetTrainError(
-                f"{val_tar}: validation labels needed; pass --val-labels (LOC_val_solution.csv or '<file> <wnid>' lines)"
+                f"{val_tar}: validation labels needed; pass --val-labels (LOC_val_solution.csv or '<file> <wnid>')"
             )
         with open(val_tar, "rb") as stream:
-            val = [
-                SourceImage(_stem(n), "", str(val_tar), o, s, n) for n, o, s in _tar_members(str(val_tar), stream)
-            ]
+            val = [SourceImage(_stem(n), "", str(val_tar), o, s, n) for n, o, s in _tar_members(str(val_tar), stream)]
         splits["val"] = _apply_val_labels(val, read_val_labels(labels_path), classes, str(labels_path))
     return Dataset("ilsvrc-tars", classes, splits)
 

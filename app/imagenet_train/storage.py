@@ -77,9 +77,7 @@ class HTTPStream(io.RawIOBase):
             if self.position and response.status != 206:
                 raise ImagenetTrainError(f"{self.url}: server ignored a Range request; cannot resume")
             return response
-        raise ImagenetTrainError(
-            f"{self.url}: unreachable after {self.retries + 1} attempts ({last_error})"
-        )
+        raise ImagenetTrainError(f"{self.url}: unreachable after {self.retries + 1} attempts ({last_error})")
 
     def readable(self) -> bool:
         return True
@@ -88,6 +86,9 @@ class HTTPStream(io.RawIOBase):
         for attempt in range(self.retries + 1):
             try:
                 count = self.response.readinto(buffer)
+                if count == 0 and len(buffer) and self.response.length:
+                    # http.client reports a connection closed before Content-Length as a clean EOF.
+                    raise ConnectionError(f"connection closed with {self.response.length} bytes unread")
                 self.position += count
                 return count
             except (OSError, urllib.error.URLError, ValueError) as error:

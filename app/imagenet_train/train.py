@@ -76,8 +76,10 @@ class Trainer:
         self.global_batch = data.batch_size * info.world
         self.base_lr = cfg.optim.lr * self.global_batch / 256
         self.optimizer = torch.optim.SGD(
-            parameter_groups(model, cfg.optim.weight_decay), lr=self.base_lr,
-            momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov,
+            parameter_groups(model, cfg.optim.weight_decay),
+            lr=self.base_lr,
+            momentum=cfg.optim.momentum,
+            nesterov=cfg.optim.nesterov,
         )
         self.amp = amp_dtype(run.amp, info.device)
         self.scaler = torch.amp.GradScaler(info.device.type, enabled=self.amp == torch.float16)
@@ -91,20 +93,36 @@ class Trainer:
         stream = ShardStream(
             urls=self.source.train_urls,
             transform=TrainPreset(data.image_size, data.min_crop_scale, data.hflip).build(),
-            batch_size=data.batch_size, rank=info.rank, world=info.world, resampled=not self.split,
-            shuffle_buffer=data.shuffle_buffer, seed=self.cfg.run.seed, retries=data.retries,
+            batch_size=data.batch_size,
+            rank=info.rank,
+            world=info.world,
+            resampled=not self.split,
+            shuffle_buffer=data.shuffle_buffer,
+            seed=self.cfg.run.seed,
+            retries=data.retries,
         )
-        return EpochLoader(stream, data.workers, None if self.split else self.epoch_batches(0),
-                           pin_memory=info.device.type == "cuda", mix_buffer=data.shuffle_buffer)
+        return EpochLoader(
+            stream,
+            data.workers,
+            None if self.split else self.epoch_batches(0),
+            pin_memory=info.device.type == "cuda",
+            mix_buffer=data.shuffle_buffer,
+        )
 
     def _val_loader(self) -> EpochLoader | None:
         if not self.source.val_urls:
             return None
         data, info = self.cfg.data, self.info
         stream = ShardStream(
-            urls=self.source.val_urls, transform=ValPreset(data.image_size, data.val_resize or None).build(),
-            batch_size=data.batch_size, rank=info.rank, world=info.world, resampled=False,
-            shuffle_shards=False, shuffle_buffer=0, retries=data.retries,
+            urls=self.source.val_urls,
+            transform=ValPreset(data.image_size, data.val_resize or None).build(),
+            batch_size=data.batch_size,
+            rank=info.rank,
+            world=info.world,
+            resampled=False,
+            shuffle_shards=False,
+            shuffle_buffer=0,
+            retries=data.retries,
         )
         return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda")
 
@@ -113,11 +131,13 @@ class Trainer:
         data, info = self.cfg.data, self.info
         if not self.split:
             return data.epoch_batches or plan.resampled_epoch_batches(
-                self.source.train_samples, data.batch_size, info.world)
+                self.source.train_samples, data.batch_size, info.world
+            )
         if self.source.train_sizes is None:
             return max(1, math.ceil(self.source.train_samples / self.global_batch))
-        ranks = plan.split_epoch(self.source.train_sizes, info.world, data.workers, data.batch_size,
-                                 self.cfg.run.seed, epoch)
+        ranks = plan.split_epoch(
+            self.source.train_sizes, info.world, data.workers, data.batch_size, self.cfg.run.seed, epoch
+        )
         return max(r.batches for r in ranks)
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -144,8 +164,11 @@ class Trainer:
         if not self.info.is_main:
             return
         state = {
-            "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(), "schedule": {"base_lr": self.base_lr, "epochs": self.cfg.run.epochs},
+            "epoch": epoch,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "schedule": {"base_lr": self.base_lr, "epochs": self.cfg.run.epochs},
             "config": json.loads(self.cfg.to_json()),
         }
         checkpoint.save(state, checkpoint.checkpoint_path(str(self.run_dir), epoch))
@@ -191,10 +214,16 @@ class Trainer:
             self._sync_optimizer_state(batches)
         self._write_keys("train", epoch, keys)
         total_loss, total_samples, corrupt = all_sum(
-            [loss_sum.item(), samples, loader.corrupt_samples - corrupt_before], info)
+            [loss_sum.item(), samples, loader.corrupt_samples - corrupt_before], info
+        )
         per_rank = [int(b[0]) for b in all_gather_numbers([batches], info)]
-        return {"lr": lr, "train_loss": total_loss / max(total_samples, 1), "train_samples": int(total_samples),
-                "batches_per_rank": per_rank, "corrupt_samples": int(corrupt)}
+        return {
+            "lr": lr,
+            "train_loss": total_loss / max(total_samples, 1),
+            "train_samples": int(total_samples),
+            "batches_per_rank": per_rank,
+            "corrupt_samples": int(corrupt),
+        }
 
     def _sync_optimizer_state(self, batches: int) -> None:
         """After Join, copy momentum from a rank that ran every step, so replicas stay identical.
@@ -214,8 +243,12 @@ class Trainer:
         if not self.info.enabled:
             return True
         total = sum(p.detach().double().sum().item() for p in self.model.parameters())
-        total += sum(v.double().sum().item() for s in self.optimizer.state.values() for v in s.values()
-                     if torch.is_tensor(v) and v.dtype.is_floating_point)
+        total += sum(
+            v.double().sum().item()
+            for s in self.optimizer.state.values()
+            for v in s.values()
+            if torch.is_tensor(v) and v.dtype.is_floating_point
+        )
         sums = [s[0] for s in all_gather_numbers([total], self.info)]
         return max(sums) - min(sums) <= 1e-6 * max(1.0, abs(sums[0]))
 
@@ -244,8 +277,12 @@ class Trainer:
         loss_sum, correct1, correctk, count = all_sum([loss_sum, correct1, correctk, count], info)
         if count == 0:
             raise ImagenetTrainError("validation: the val shards held no samples")
-        return {"val_loss": loss_sum / count, "top1": correct1 / count, f"top{topk}": correctk / count,
-                "val_samples": int(count)}
+        return {
+            "val_loss": loss_sum / count,
+            "top1": correct1 / count,
+            f"top{topk}": correctk / count,
+            "val_samples": int(count),
+        }
 
     def _write_keys(self, split: str, epoch: int, keys: list[str]) -> None:
         if not self.cfg.run.log_keys:
@@ -261,10 +298,15 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resolved = json.loads(self.cfg.to_json())
         resolved["derived"] = {
-            "world_size": self.info.world, "global_batch": self.global_batch, "base_lr": self.base_lr,
-            "train_shards": len(self.source.train_urls), "val_shards": len(self.source.val_urls),
-            "train_samples": self.source.train_samples, "num_classes": self.source.num_classes,
-            "epoch_batches": self.epoch_batches(self.start_epoch), "device": str(self.info.device),
+            "world_size": self.info.world,
+            "global_batch": self.global_batch,
+            "base_lr": self.base_lr,
+            "train_shards": len(self.source.train_urls),
+            "val_shards": len(self.source.val_urls),
+            "train_samples": self.source.train_samples,
+            "num_classes": self.source.num_classes,
+            "epoch_batches": self.epoch_batches(self.start_epoch),
+            "device": str(self.info.device),
             "amp": str(self.amp),
         }
         (self.run_dir / "config.json").write_text(json.dumps(resolved, indent=1) + "\n")
@@ -308,8 +350,9 @@ def train(cfg: Config) -> dict:
     info = init_distributed()
     try:
         data = cfg.data
-        source = resolve_source(data.shards, data.train_urls, data.val_urls, data.train_samples,
-                                data.num_classes)
+        source = resolve_source(
+            data.shards, data.train_urls, data.val_urls, data.train_samples, data.num_classes, data.retries
+        )
         result = Trainer(cfg, info, source).run()
         if info.is_main:
             print(f"run directory: {Path(cfg.run.run_dir).resolve()}", flush=True)

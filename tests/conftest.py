@@ -1,0 +1,100 @@
+"""Shared fixtures: small real datasets built in temp dirs, a real nginx, and a torchrun runner."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from imagenet_train.demo import write_digits
+from imagenet_train.serve import NginxServer
+from imagenet_train.shards import ShardOptions, convert
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def jpeg_bytes(seed: int = 0, size: tuple[int, int] = (40, 30), mode: str = "RGB", fmt: str = "JPEG") -> bytes:
+    """A small random-noise image encoded in memory."""
+    rng = np.random.default_rng(seed)
+    array = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    image = Image.fromarray(array, "RGB").convert(mode)
+    out = io.BytesIO()
+    image.save(out, fmt, quality=90)
+    return out.getvalue()
+
+
+def write_image_folder(root: Path, classes: dict[str, int], val: dict[str, int] | None = None, seed: int = 0) -> dict:
+    """`root/train/<wnid>/<wnid>_<i>.JPEG` (and val) with distinct images; returns {relative path: bytes}."""
+    files = {}
+    counter = seed
+    for split, spec in (("train", classes), ("val", val or {})):
+        for wnid, count in spec.items():
+            folder = root / split / wnid
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                counter += 1
+                name = f"{wnid}_{i}.JPEG" if split == "train" else f"ILSVRC2012_val_{counter:08d}.JPEG"
+                data = jpeg_bytes(counter)
+                (folder / name).write_bytes(data)
+                files[f"{split}/{wnid}/{name}"] = data
+    return files
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory) -> Path:
+    """The demo's real-image dataset (scikit-learn digits) at 32 px, ImageNet layout."""
+    root = tmp_path_factory.mktemp("digits")
+    write_digits(root, size=32)
+    return root
+
+
+@pytest.fixture(scope="session")
+def digit_shards(digits_dir, tmp_path_factory) -> Path:
+    """Digits as shards of 130 samples: the last train shard is short (1438 = 11 x 130 + 8)."""
+    out = tmp_path_factory.mktemp("digit-shards")
+    convert(str(digits_dir), str(out), ShardOptions(maxcount=130), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def shard_server(digit_shards):
+    """A real nginx on 127.0.0.1 serving the digit shards."""
+    with NginxServer(str(digit_shards)) as server:
+        yield server
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def torchrun(args: list[str], nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node=N imagenet-train train ...`; a hang becomes a test failure."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "imagenet_train.cli",
+        "train",
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"torchrun did not finish within {timeout}s (hang?):\n{expired.stderr}")
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the `imagenet-train` console script."""
+    executable = Path(sys.executable).with_name("imagenet-train")
+    return subprocess.run([str(executable), *args], capture_output=True, text=True, timeout=timeout)

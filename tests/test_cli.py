@@ -1,0 +1,82 @@
+"""The `imagenet-train` command: help with defaults, summaries, and one-line errors with exit code 2."""
+
+import shutil
+
+import pytest
+
+from imagenet_train.serve import free_port
+
+from conftest import cli, write_image_folder
+
+
+@pytest.mark.parametrize("command", ["shards", "summarize", "train", "serve", "demo-data"])
+def test_every_command_has_help_with_defaults(command):
+    result = cli(command, "--help")
+    assert result.returncode == 0
+    assert "usage: imagenet-train " + command in result.stdout
+    if command != "summarize":
+        assert "(default:" in result.stdout
+
+
+def test_shards_then_summarize_prints_brace_notation_and_counts(tmp_path):
+    write_image_folder(tmp_path / "in", {"n01": 5, "n02": 5}, {"n01": 2, "n02": 2})
+    made = cli("shards", str(tmp_path / "in"), str(tmp_path / "out"), "--maxcount", "3", "--quiet")
+    assert made.returncode == 0, made.stderr
+    assert "train: 10 samples in 4 shards" in made.stdout
+    summary = cli("summarize", str(tmp_path / "out"))
+    assert "train: 10 samples in 4 shards: imagenet-train-train-{000000..000003}.tar" in summary.stdout
+    assert "val: 4 samples in 2 shards: imagenet-train-val-{000000..000001}.tar" in summary.stdout
+
+
+def _assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("imagenet-train: error: ")
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[-1]
+
+
+def test_missing_input_directory_is_one_line(tmp_path):
+    _assert_one_line_error(cli("shards", str(tmp_path / "nope"), str(tmp_path / "out")), "nope", "does not exist")
+
+
+def test_train_with_no_index_is_one_line(tmp_path):
+    _assert_one_line_error(cli("train", "--shards", str(tmp_path)), "no shard index here")
+
+
+def test_train_against_an_unreachable_server_fails_after_retries(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}/shards.json"
+    _assert_one_line_error(cli("train", "--shards", url, "--retries", "1"), url, "unreachable after 2 attempts")
+
+
+def test_missing_shard_during_training_names_it_from_the_worker(digit_shards, tmp_path):
+    copy = tmp_path / "shards"
+    shutil.copytree(digit_shards, copy)
+    victim = sorted(copy.glob("imagenet-train-val-*.tar"))[0]
+    victim.unlink()
+    result = cli(
+        "train",
+        "--shards",
+        str(copy),
+        "--arch",
+        "resnet18",
+        "--image-size",
+        "16",
+        "--epochs",
+        "1",
+        "--epoch-batches",
+        "1",
+        "--batch-size",
+        "8",
+        "--workers",
+        "1",
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
+    _assert_one_line_error(result, victim.name, "cannot open")
+
+
+def test_bad_option_values_name_the_option(digit_shards):
+    _assert_one_line_error(cli("train", "--shards", str(digit_shards), "--mode", "exact"), "--mode", "resampled")
+    _assert_one_line_error(cli("train", "--shards", str(digit_shards), "--arch", "resnet9000"), "--arch")

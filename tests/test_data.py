@@ -1,0 +1,117 @@
+"""Loaders, driven one virtual rank at a time: exact epochs, resampled lengths, corrupt samples."""
+
+import io
+import tarfile
+from collections import Counter
+
+import pytest
+
+from imagenet_train import plan
+from imagenet_train.data import EpochLoader, ShardStream, resolve_source
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.presets import TrainPreset, ValPreset
+
+from conftest import jpeg_bytes
+
+
+def stream(urls, rank=0, world=1, batch=16, resampled=False, **kw):
+    return ShardStream(
+        urls=urls,
+        transform=ValPreset(24, 24).build(),
+        batch_size=batch,
+        rank=rank,
+        world=world,
+        resampled=resampled,
+        retries=1,
+        **kw,
+    )
+
+
+def keys_of(loader) -> list[str]:
+    return [key for _, _, keys in loader for key in keys]
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_split_mode_sees_every_sample_once_per_epoch_over_all_ranks(digit_shards, workers):
+    source = resolve_source(str(digit_shards))
+    for epoch in (0, 1):
+        seen = Counter()
+        for rank in range(3):
+            loader = EpochLoader(stream(source.train_urls, rank, 3, shuffle_buffer=50), workers)
+            loader.set_epoch(epoch)
+            seen.update(keys_of(loader))
+        assert sum(seen.values()) == source.train_samples == 1438
+        assert set(seen.values()) == {1}
+
+
+def test_split_mode_batch_counts_match_the_plan(digit_shards):
+    source = resolve_source(str(digit_shards))
+    predicted = plan.split_epoch(source.train_sizes, world=2, workers=2, batch_size=16, seed=0, epoch=1)
+    for rank in range(2):
+        loader = EpochLoader(stream(source.train_urls, rank, 2), workers=2)
+        loader.set_epoch(1)
+        assert sum(1 for _ in loader) == predicted[rank].batches
+
+
+def test_resampled_mode_gives_exactly_the_epoch_length_on_every_rank(digit_shards):
+    source = resolve_source(str(digit_shards))
+    for rank in range(2):
+        loader = EpochLoader(stream(source.train_urls, rank, 2, resampled=True), workers=2, batches=7)
+        batches = list(loader)
+        assert len(batches) == 7
+        assert all(len(labels) == 16 for _, labels, _ in batches)
+
+
+def test_batches_hold_uint8_images_labels_and_keys(digit_shards):
+    source = resolve_source(str(digit_shards))
+    loader = EpochLoader(
+        ShardStream(urls=source.val_urls, transform=TrainPreset(24, 0.5).build(), batch_size=8), workers=0
+    )
+    images, labels, keys = next(iter(loader))
+    assert images.shape == (8, 3, 24, 24) and str(images.dtype) == "torch.uint8"
+    assert labels.tolist() == [int(k) for k in labels.tolist()] and 0 <= int(labels.min()) <= int(labels.max()) < 10
+    assert len(keys) == 8 and all(isinstance(k, str) for k in keys)
+
+
+def _shard(path, samples):
+    with tarfile.open(path, "w") as archive:
+        for key, fields in samples.items():
+            for ext, data in fields.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+
+
+def test_corrupt_samples_are_skipped_and_counted_not_fatal(tmp_path):
+    samples = {f"s{i}": {"jpg": jpeg_bytes(i), "cls": b"1"} for i in range(6)}
+    samples["s2"]["jpg"] = b"\xff\xd8\xff garbage"
+    del samples["s4"]["cls"]
+    _shard(tmp_path / "a.tar", samples)
+    loader = EpochLoader(stream([str(tmp_path / "a.tar")], batch=4), workers=1)
+    assert sorted(keys_of(loader)) == ["s0", "s1", "s3", "s5"]
+    assert loader.corrupt_samples == 2
+
+
+def test_resampled_stream_over_empty_shards_fails_instead_of_spinning(tmp_path):
+    _shard(tmp_path / "empty.tar", {})
+    loader = EpochLoader(stream([str(tmp_path / "empty.tar")], resampled=True), workers=0, batches=3)
+    with pytest.raises(ImagenetTrainError, match="held no samples"):
+        list(loader)
+
+
+def test_a_truncated_shard_is_an_error_naming_it(tmp_path):
+    samples = {f"s{i}": {"jpg": jpeg_bytes(i), "cls": b"0"} for i in range(4)}
+    _shard(tmp_path / "a.tar", samples)
+    data = (tmp_path / "a.tar").read_bytes()
+    (tmp_path / "cut.tar").write_bytes(data[: len(data) // 2 + 100])
+    with pytest.raises(ImagenetTrainError, match="cut.tar"):
+        list(EpochLoader(stream([str(tmp_path / "cut.tar")]), workers=0))
+
+
+def test_loader_reads_shards_over_http_from_nginx(shard_server, digit_shards):
+    source = resolve_source(f"{shard_server.url}/shards.json")
+    assert source.val_urls[0].startswith(shard_server.url)
+    local = resolve_source(str(digit_shards))
+    over_http = sorted(keys_of(EpochLoader(stream(source.val_urls), workers=2)))
+    assert over_http == sorted(keys_of(EpochLoader(stream(local.val_urls), workers=0)))
+    assert len(over_http) == 359

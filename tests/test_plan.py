@@ -1,0 +1,69 @@
+"""The pure epoch/shard/batch arithmetic the loaders and the loop share."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from imagenet_train import plan
+from imagenet_train.errors import ImagenetTrainError
+
+
+@given(
+    nshards=st.integers(1, 60),
+    world=st.integers(1, 8),
+    workers=st.integers(1, 6),
+    seed=st.integers(0, 3),
+    epoch=st.integers(0, 3),
+)
+@settings(max_examples=200, deadline=None)
+def test_split_assigns_every_shard_to_exactly_one_rank_and_worker(nshards, world, workers, seed, epoch):
+    order = plan.epoch_order(nshards, seed, epoch)
+    seen = []
+    for rank in range(world):
+        mine = plan.assigned(order, rank, world)
+        nworkers = max(1, plan.loader_workers(len(mine), workers))
+        for worker in range(nworkers):
+            seen += plan.worker_shards(order, rank, world, worker, nworkers)
+    assert sorted(seen) == list(range(nshards))
+
+
+@given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    world=st.integers(1, 6),
+    workers=st.integers(0, 4),
+    batch=st.integers(1, 64),
+)
+@settings(max_examples=200, deadline=None)
+def test_split_epoch_counts_every_sample_once_and_batches_per_worker(sizes, world, workers, batch):
+    ranks = plan.split_epoch(sizes, world, workers, batch)
+    assert sum(r.samples for r in ranks) == sum(sizes)
+    for r in ranks:
+        assert math.ceil(r.samples / batch) <= r.batches <= math.ceil(r.samples / batch) + max(r.workers, 1) - 1
+
+
+def test_epoch_order_is_shared_by_ranks_and_changes_between_epochs():
+    assert plan.epoch_order(50, seed=1, epoch=3) == plan.epoch_order(50, seed=1, epoch=3)
+    assert plan.epoch_order(50, seed=1, epoch=3) != plan.epoch_order(50, seed=1, epoch=4)
+    assert sorted(plan.epoch_order(50, 1, 4)) == list(range(50))
+
+
+def test_loader_workers_never_exceed_shards():
+    assert plan.loader_workers(3, 8) == 3
+    assert plan.loader_workers(0, 8) == 0
+    assert plan.loader_workers(20, 8) == 8
+
+
+def test_resampled_epoch_is_one_pass_over_the_data_per_global_batch():
+    assert plan.resampled_epoch_batches(1_281_167, 256, 16) == 312
+    with pytest.raises(ImagenetTrainError, match="cannot fill one batch"):
+        plan.resampled_epoch_batches(100, 64, 2)
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_zero():
+    lrs = [plan.lr_at(step, 100, 10, 1.0) for step in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+    assert lrs[55] == pytest.approx(0.5, abs=0.02)
+    assert plan.lr_at(100, 100, 10, 1.0) == pytest.approx(0.0)

@@ -1,0 +1,78 @@
+"""Opening shard URLs: HTTP from nginx, retries, resuming a dropped stream, and clear errors."""
+
+import http.server
+import threading
+
+import pytest
+
+from imagenet_train import storage
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.serve import free_port
+
+
+def test_http_read_from_nginx_is_byte_identical(shard_server, digit_shards):
+    name = sorted(p.name for p in digit_shards.glob("*.tar"))[0]
+    with storage.open_stream(f"{shard_server.url}/{name}") as stream:
+        assert stream.read() == (digit_shards / name).read_bytes()
+
+
+def test_missing_object_is_a_one_line_error_naming_the_url(shard_server):
+    url = f"{shard_server.url}/no-such-shard.tar"
+    with pytest.raises(ImagenetTrainError, match="HTTP 404") as caught:
+        storage.open_stream(url)
+    assert url in str(caught.value)
+
+
+def test_unreachable_server_fails_after_retries_not_a_hang():
+    url = f"http://127.0.0.1:{free_port()}/x.tar"
+    with pytest.raises(ImagenetTrainError, match="unreachable after 3 attempts"):
+        storage.open_stream(url, retries=2)
+
+
+class _DroppingHandler(http.server.BaseHTTPRequestHandler):
+    """Serves `payload`, cutting the first response short so the client must resume with Range."""
+
+    payload = bytes(range(256)) * 4096
+    requests: list = []
+
+    def do_GET(self):
+        start = 0
+        if "Range" in self.headers:
+            start = int(self.headers["Range"].split("=")[1].rstrip("-"))
+        type(self).requests.append(start)
+        body = self.payload[start:]
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if len(type(self).requests) == 1:
+            self.wfile.write(body[: len(body) // 3])
+            self.wfile.flush()
+            self.connection.shutdown(2)
+            return
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_dropped_http_stream_resumes_with_a_range_request():
+    port = free_port()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _DroppingHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with storage.open_stream(f"http://127.0.0.1:{port}/x.tar", retries=3) as stream:
+            data = stream.read()
+    finally:
+        server.shutdown()
+    assert data == _DroppingHandler.payload
+    assert _DroppingHandler.requests[0] == 0 and _DroppingHandler.requests[1] > 0
+
+
+def test_local_paths_and_file_urls_resolve_relative_names(tmp_path):
+    (tmp_path / "a.tar").write_bytes(b"abc")
+    assert storage.read_bytes(f"file://{tmp_path}/a.tar") == b"abc"
+    assert storage.join("http://h:1/data", "a.tar") == "http://h:1/data/a.tar"
+    assert storage.join(str(tmp_path), "a.tar") == str(tmp_path / "a.tar")
+    assert storage.join("http://h:1/data", "http://other/b.tar") == "http://other/b.tar"
+    with pytest.raises(ImagenetTrainError, match="cannot open"):
+        storage.open_stream(str(tmp_path / "missing.tar"))
