@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -88,10 +89,17 @@ def torchrun(args: list[str], nproc: int = 2, timeout: float = 240) -> subproces
         *args,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # A session of its own, so a hang is ended with every rank and DataLoader worker, not just torchrun.
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"torchrun did not finish within {timeout}s (hang?):\n{expired.stderr}")
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"torchrun did not finish within {timeout}s (hang?):\n{stderr[-5000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

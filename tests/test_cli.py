@@ -80,3 +80,43 @@ def test_missing_shard_during_training_names_it_from_the_worker(digit_shards, tm
 def test_bad_option_values_name_the_option(digit_shards):
     _assert_one_line_error(cli("train", "--shards", str(digit_shards), "--mode", "exact"), "--mode", "resampled")
     _assert_one_line_error(cli("train", "--shards", str(digit_shards), "--arch", "resnet9000"), "--arch")
+
+
+def test_a_stalled_shard_server_fails_the_run_with_a_message_not_a_hang(digit_shards, tmp_path):
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted = []
+    threading.Thread(target=lambda: [accepted.append(listener.accept()) for _ in range(16)], daemon=True).start()
+    port = listener.getsockname()[1]
+    try:
+        result = cli(
+            "train",
+            "--train-urls",
+            f"http://127.0.0.1:{port}/x-{{0..3}}.tar",
+            "--train-samples",
+            "64",
+            "--num-classes",
+            "10",
+            "--arch",
+            "resnet18",
+            "--image-size",
+            "16",
+            "--batch-size",
+            "8",
+            "--workers",
+            "1",
+            "--epochs",
+            "1",
+            "--loader-timeout",
+            "4",
+            "--run-dir",
+            str(tmp_path / "run"),
+            timeout=100,
+        )
+    finally:
+        listener.close()
+    _assert_one_line_error(result, "within 4s", f"127.0.0.1:{port}", "stalled")

@@ -29,6 +29,7 @@ HELP = {
     "shuffle_buffer": "samples in each shuffle buffer",
     "epoch_batches": "batches per rank per epoch in resampled mode (0: one pass over the data)",
     "retries": "attempts to reach a shard server before failing",
+    "loader_timeout": "seconds without a batch from the DataLoader workers before failing (0: wait forever)",
     "lr": "learning rate for a global batch of 256 (scaled linearly)",
     "momentum": "SGD momentum",
     "nesterov": "Nesterov momentum",

@@ -29,6 +29,7 @@ class DataConfig:
     shuffle_buffer: int = 1000
     epoch_batches: int = 0  # 0: one pass over the data per epoch (resampled mode)
     retries: int = 5
+    loader_timeout: float = 600.0  # seconds without a batch before the run fails instead of hanging
 
 
 @dataclass

@@ -114,6 +114,23 @@ def batched(samples: Iterable[tuple], batch_size: int, partial: bool) -> Iterato
         yield collate(pending)
 
 
+def worker_context() -> multiprocessing.context.BaseContext:
+    """Where DataLoader workers come from: a clean forkserver, never a fork of the training process.
+
+    Forking a rank that already runs gloo/NCCL and tqdm threads can deadlock the child inside fork
+    (seen here: a val worker stuck before it started, its rank waiting forever, the peer rank
+    blocked in all_reduce). The forkserver preloads this module, so workers still start fast.
+    """
+    context = multiprocessing.get_context("forkserver")
+    if not _preloaded:
+        context.set_forkserver_preload([__name__])
+        _preloaded.append(True)
+    return context
+
+
+_preloaded: list = []
+
+
 def _worker() -> tuple[int, int]:
     info = get_worker_info()
     return (info.id, info.num_workers) if info else (0, 1)
@@ -141,7 +158,7 @@ class ShardStream(IterableDataset):
     epoch: int = 0
 
     def __post_init__(self):
-        self.corrupt = multiprocessing.Value("q", 0)
+        self.corrupt = worker_context().Value("q", 0)
 
     def shard_urls(self, worker: int, workers: int) -> Iterator[str]:
         if self.resampled:
@@ -178,12 +195,13 @@ class EpochLoader:
         batches: int | None = None,
         pin_memory: bool = False,
         mix_buffer: int = 1000,
+        timeout: float = 0,
     ):
         if stream.resampled and not batches:
             raise ImagenetTrainError("resampled loading needs an epoch length in batches")
         self.stream, self.batches = stream, batches
         self.workers = workers if stream.resampled else plan.loader_workers(stream.rank_shards(), workers)
-        self.pin_memory, self.mix_buffer = pin_memory, mix_buffer
+        self.pin_memory, self.mix_buffer, self.timeout = pin_memory, mix_buffer, timeout
 
     def set_epoch(self, epoch: int) -> None:
         self.stream.epoch = epoch
@@ -199,6 +217,8 @@ class EpochLoader:
             num_workers=self.workers,
             pin_memory=self.pin_memory,
             prefetch_factor=4 if self.workers else None,
+            multiprocessing_context=worker_context() if self.workers else None,
+            timeout=self.timeout if self.workers else 0,
         )
         batches = iter(loader)
         try:
@@ -209,6 +229,13 @@ class EpochLoader:
             rng = random.Random(f"{self.stream.seed}:{self.stream.epoch}:{self.stream.rank}:mix")
             samples = shuffled(unbatched(batches), self.mix_buffer, rng)
             yield from itertools.islice(batched(samples, self.stream.batch_size, partial=False), self.batches)
+        except RuntimeError as error:
+            if "timed out" not in str(error):
+                raise
+            raise ImagenetTrainError(
+                f"data loading: no batch from the DataLoader workers within {self.timeout:.0f}s "
+                f"(first shard {self.stream.urls[0]}); is the shard server stalled?"
+            ) from None
         finally:
             shutdown = getattr(batches, "_shutdown_workers", None)
             if shutdown:

@@ -107,6 +107,7 @@ class Trainer:
             None if self.split else self.epoch_batches(0),
             pin_memory=info.device.type == "cuda",
             mix_buffer=data.shuffle_buffer,
+            timeout=data.loader_timeout,
         )
 
     def _val_loader(self) -> EpochLoader | None:
@@ -124,7 +125,7 @@ class Trainer:
             shuffle_buffer=0,
             retries=data.retries,
         )
-        return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda")
+        return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda", timeout=data.loader_timeout)
 
     def epoch_batches(self, epoch: int) -> int:
         """Steps in an epoch for the schedule: the same number on every rank."""
@@ -191,25 +192,16 @@ class Trainer:
         samples, batches, lr, keys = 0, 0, self.base_lr, []
         corrupt_before = loader.corrupt_samples
         bar = tqdm(total=steps, desc=f"epoch {epoch}", unit="batch", disable=not info.is_main, mininterval=2)
-        join = Join([self.ddp], enable=self.split and info.enabled) if self.split else contextlib.nullcontext()
-        with join:
+        join = Join([self.ddp]) if self.split and info.enabled else contextlib.nullcontext()
+        with bar, join:
             for images, labels, batch_keys in loader:
                 lr = self.set_lr(epoch, batches, steps)
-                images = normalize(images.to(info.device, non_blocking=True), self.channels_last)
-                labels = labels.to(info.device, non_blocking=True)
-                with torch.autocast(info.device.type, dtype=self.amp, enabled=self.amp is not None):
-                    loss = self.criterion(self.ddp(images), labels)
-                self.optimizer.zero_grad(set_to_none=True)
-                self.scaler.scale(loss).backward()
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                loss_sum += loss.detach().double() * len(labels)
+                loss_sum += self.step(images, labels) * len(labels)
                 samples += len(labels)
                 batches += 1
                 if self.cfg.run.log_keys:
                     keys.extend(batch_keys)
                 bar.update()
-        bar.close()
         if self.split and info.enabled:
             self._sync_optimizer_state(batches)
         self._write_keys("train", epoch, keys)
@@ -224,6 +216,19 @@ class Trainer:
             "batches_per_rank": per_rank,
             "corrupt_samples": int(corrupt),
         }
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One optimisation step on a uint8 batch; returns the loss (on device, no sync)."""
+        device = self.info.device
+        images = normalize(images.to(device, non_blocking=True), self.channels_last)
+        labels = labels.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=self.amp, enabled=self.amp is not None):
+            loss = self.criterion(self.ddp(images), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.detach().double()
 
     def _sync_optimizer_state(self, batches: int) -> None:
         """After Join, copy momentum from a rank that ran every step, so replicas stay identical.
