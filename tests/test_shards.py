@@ -214,3 +214,27 @@ def test_val_labels_file_matching_images_is_used(tmp_path):
     )
     assert json.loads((tmp_path / "out" / "shards.json").read_text())["splits"]["val"]["nsamples"] == 2
     assert doc["complete"] is True
+
+
+def test_maxsize_and_resize_shape_the_shards(tmp_path):
+    write_image_folder(tmp_path / "in", {"n01": 8})
+    by_size = convert(str(tmp_path / "in"), str(tmp_path / "a"), ShardOptions(maxsize=4000), progress=False)
+    assert len(by_size["shardlist"]) >= 3
+    assert all(s["nsamples"] >= 1 for s in by_size["shardlist"])
+    small = convert(str(tmp_path / "in"), str(tmp_path / "b"), ShardOptions(resize=12), progress=False)
+    from PIL import Image
+
+    for sample in shard_samples(tmp_path / "b", "train").values():
+        assert min(Image.open(io.BytesIO(sample["jpg"])).size) == 12
+    assert small["splits"]["train"]["nsamples"] == 8
+
+
+def test_demo_data_is_the_digits_in_imagenet_layout(tmp_path):
+    from conftest import cli
+
+    result = cli("demo-data", str(tmp_path / "digits"), "--size", "16")
+    assert result.returncode == 0, result.stderr
+    assert "wrote 1438 train and 359 val images" in result.stdout
+    classes = sorted(p.name for p in (tmp_path / "digits" / "train").iterdir())
+    assert classes == [f"digit{i}" for i in range(10)]
+    assert len(list((tmp_path / "digits" / "val").glob("*/*.JPEG"))) == 359
