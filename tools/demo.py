@@ -18,29 +18,9 @@ from imagenet_train.shards import ShardOptions, convert
 
 # Small images, a small network and mild crops: the digits are 8x8 at heart, and flips change them.
 TRAIN_ARGS = [
-    "--arch",
-    "resnet18",
-    "--image-size",
-    "32",
-    "--val-resize",
-    "32",
-    "--min-crop-scale",
-    "0.5",
-    "--no-hflip",
-    "--batch-size",
-    "32",
-    "--workers",
-    "1",
-    "--lr",
-    "0.8",
-    "--warmup-epochs",
-    "1",
-    "--label-smoothing",
-    "0.0",
-    "--weight-decay",
-    "5e-4",
-    "--shuffle-buffer",
-    "500",
+    *("--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--min-crop-scale", "0.5", "--no-hflip"),
+    *("--batch-size", "32", "--workers", "1", "--lr", "0.4", "--warmup-epochs", "1", "--label-smoothing", "0.0"),
+    *("--weight-decay", "5e-4", "--shuffle-buffer", "500"),
 ]
 
 
