@@ -6,12 +6,27 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv system-deps demo test lint bench clean
+# Image settings: `make build push REGISTRY=ghcr.io/acme TAG=v1` is the release path.
+REGISTRY ?=
+IMAGE ?= imagenet-train
+TAG ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE_REF := $(if $(REGISTRY),$(REGISTRY)/,)$(IMAGE):$(TAG)
+BASE_IMAGE ?= nvcr.io/nvidia/pytorch:25.01-py3
+# docker when its daemon answers, else podman (buildah underneath), else docker for the error message.
+CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || (command -v podman >/dev/null 2>&1 && echo podman) || echo docker)
+SHARDS ?= $(CURDIR)/demo/shards
+RESULTS ?= $(CURDIR)/runs
+GPUS ?= 2
+
+.PHONY: help venv system-deps image-deps demo test image-test lint bench clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite"
 	@echo "make lint   - ruff"
+	@echo "make build push [REGISTRY=.. IMAGE=.. TAG=..] - build and push the training image"
+	@echo "make shell / make docker-run - a shell in the image / the 2-GPU job in a container"
+	@echo "make image-test - build the image for real (podman) and run it"
 
 # Debian packages the demo and tests run for real: nginx (shard server).
 system-deps:
@@ -22,6 +37,14 @@ system-deps:
 # torch is installed first and pinned by constraints.txt so no resolver swaps it for a CUDA build.
 # The registry's torchvision is a CUDA build; --no-deps keeps it from pulling anything, and
 # imagenet_train.compat makes it import next to CPU torch.
+# Container tools for the real image build in the tests (Debian's buildah/podman; no Docker engine here).
+image-deps:
+	@command -v podman >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah podman runc mmdebstrap >/dev/null \
+	    || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah podman runc mmdebstrap >/dev/null) \
+	    || echo "image-deps: buildah/podman could not be installed; the image tests will skip" >&2; \
+	  else echo "image-deps: not root; install buildah podman runc mmdebstrap to run the image tests" >&2; fi; }
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
@@ -34,8 +57,28 @@ venv: $(STAMP)
 demo: venv system-deps
 	$(BIN)/python tools/demo.py --workdir demo
 
-test: venv system-deps
+test: venv system-deps image-deps
 	$(BIN)/python -m pytest -q
+
+image-test: venv system-deps image-deps
+	$(BIN)/python -m pytest -q tests/test_image.py
+
+build:
+	$(CONTAINER) build -f images/train/Dockerfile -t $(IMAGE_REF) \
+	  --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VERSION=$(TAG) \
+	  --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+	  --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) .
+
+push:
+	$(CONTAINER) push $(IMAGE_REF)
+
+shell:
+	$(CONTAINER) run --rm -it --entrypoint bash -v $(SHARDS):/shards:ro -v $(RESULTS):/results $(IMAGE_REF)
+
+# The classic "2-GPU job in docker": GPUs, host IPC for DataLoader shared memory, shards and results mounted.
+docker-run:
+	$(CONTAINER) run --rm --gpus $(GPUS) --ipc=host -v $(SHARDS):/shards:ro -v $(RESULTS):/results $(IMAGE_REF) \
+	  launch --nproc-per-node $(GPUS) -- train --shards /shards --run-dir /results/$(TAG) $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check app tests tools

@@ -159,6 +159,13 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    from .launch import run
+
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    return run(program, nproc=args.nproc_per_node, dry_run=args.dry_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .config import DataConfig, OptimConfig, RunConfig
 
@@ -203,6 +210,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--access-log", action="store_true", help="keep an access log")
     serve.add_argument("--pid-file", default=None, help="write this command's pid here")
     serve.set_defaults(func=cmd_serve)
+
+    launch = commands.add_parser(
+        "launch",
+        formatter_class=formatter,
+        help="run torchrun with arguments taken from the launcher's environment (the image's entrypoint)",
+        description="Reads NGC, PyTorchJob, TrainJob, JobSet, Indexed Job or plain environments and runs "
+        "`torchrun ... -m imagenet_train.cli PROGRAM...`, e.g. `imagenet-train launch -- train --shards URL`.",
+    )
+    launch.add_argument(
+        "--nproc-per-node", default=None, help="processes per node (default: from the environment, else GPUs)"
+    )
+    launch.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
+    launch.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")
+    launch.set_defaults(func=cmd_launch)
 
     demo = commands.add_parser(
         "demo-data", formatter_class=formatter, help="write scikit-learn's digits as an ImageNet-layout JPEG dataset"

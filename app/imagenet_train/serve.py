@@ -72,7 +72,7 @@ class NginxServer:
         return f"http://{self.host}:{self.port}"
 
     def config_text(self, state: Path) -> str:
-        tuning = resources.files("imagenet_train") / "nginx" / "shards.conf"
+        tuning = resources.files("imagenet_train") / "nginx" / "nginx.conf"
         return MAIN_CONFIG.format(
             user=self._user_directive(),
             workers=self.workers,

@@ -1,0 +1,136 @@
+"""`imagenet-train launch`: turn whichever launcher's environment this pod/job has into torchrun arguments.
+
+Recognised, first match wins: NGC batch (NGC_ARRAY_*), Kubeflow PyTorchJob and Trainer v2 TrainJob
+(PET_*, set by the operators), JobSet and Indexed Job (JOB_COMPLETION_INDEX), an operator that only
+sets MASTER_ADDR/WORLD_SIZE/RANK per node, and plain single-node torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import ImagenetTrainError
+
+DEFAULT_PORT = "29500"
+
+
+@dataclass(frozen=True)
+class Launch:
+    launcher: str
+    torchrun: list[str]  # torchrun's own options, before the training module
+
+
+def _need(env: Mapping[str, str], name: str, launcher: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise ImagenetTrainError(f"launch: {launcher} environment without {name}")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, launcher: str) -> str:
+    value = _need(env, name, launcher)
+    if not value.isdigit():
+        raise ImagenetTrainError(f"launch: {name}='{value}' is not a whole number")
+    return value
+
+
+def _static(nnodes: str, node_rank: str, nproc: str, addr: str, port: str) -> list[str]:
+    return [
+        f"--nnodes={nnodes}",
+        f"--node_rank={node_rank}",
+        f"--nproc_per_node={nproc}",
+        f"--master_addr={addr}",
+        f"--master_port={port}",
+    ]
+
+
+def resolve(env: Mapping[str, str], nproc: str | None = None) -> Launch:
+    """Choose torchrun arguments from a launcher's environment variables (pure: no I/O)."""
+    if "NGC_ARRAY_SIZE" in env:
+        per_node = nproc or _int(env, "NGC_GPUS_PER_NODE", "NGC")
+        index = env.get("NGC_ARRAY_INDEX") or env.get("NGC_REPLICA_ID") or "0"
+        addr = env.get("NGC_MASTER_ADDR") or ("localhost" if env["NGC_ARRAY_SIZE"] == "1" else "")
+        if not addr:
+            raise ImagenetTrainError("launch: NGC multinode environment without NGC_MASTER_ADDR")
+        return Launch(
+            "ngc",
+            _static(_int(env, "NGC_ARRAY_SIZE", "NGC"), index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT)),
+        )
+    if "PET_NNODES" in env or "PET_NPROC_PER_NODE" in env:
+        # Kubeflow PyTorchJob (training-operator) and TrainJob (trainer v2) set torchrun's PET_* variables.
+        launcher = "trainjob" if "PET_MASTER_ADDR" in env and "MASTER_ADDR" not in env else "pytorchjob"
+        per_node = nproc or env.get("PET_NPROC_PER_NODE") or "1"
+        nnodes = env.get("PET_NNODES", "1")
+        if env.get("PET_RDZV_ENDPOINT"):
+            args = [
+                f"--nnodes={nnodes}",
+                f"--nproc_per_node={per_node}",
+                f"--rdzv_backend={env.get('PET_RDZV_BACKEND', 'c10d')}",
+                f"--rdzv_endpoint={env['PET_RDZV_ENDPOINT']}",
+                f"--rdzv_id={env.get('PET_RDZV_ID') or env.get('JOB_NAME') or 'imagenet-train'}",
+            ]
+            if env.get("PET_MAX_RESTARTS"):
+                args.append(f"--max_restarts={env['PET_MAX_RESTARTS']}")
+            return Launch(f"{launcher} (elastic)", args)
+        addr = env.get("PET_MASTER_ADDR") or _need(env, "MASTER_ADDR", launcher)
+        port = env.get("PET_MASTER_PORT") or env.get("MASTER_PORT") or DEFAULT_PORT
+        rank = env.get("PET_NODE_RANK") or env.get("RANK") or "0"
+        return Launch(launcher, _static(nnodes, rank, per_node, addr, port))
+    if "JOB_COMPLETION_INDEX" in env:
+        per_node = nproc or env.get("NPROC_PER_NODE") or "1"
+        index = env["JOB_COMPLETION_INDEX"]
+        if "JOBSET_NAME" in env:
+            jobset, replicated = env["JOBSET_NAME"], env.get("REPLICATED_JOB_NAME", "")
+            # JobSet pods are <jobset>-<replicatedJob>-<jobIndex>-<podIndex> under the subdomain <jobset>.
+            default_addr = f"{jobset}-{replicated}-0-0.{jobset}" if replicated else ""
+            addr = env.get("MASTER_ADDR") or default_addr
+            launcher = "jobset"
+        else:
+            addr, launcher = env.get("MASTER_ADDR", ""), "indexedjob"
+        if not addr:
+            raise ImagenetTrainError(f"launch: {launcher} environment without MASTER_ADDR (pod 0's hostname)")
+        return Launch(
+            launcher,
+            _static(_int(env, "NNODES", launcher), index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT)),
+        )
+    if "MASTER_ADDR" in env and "WORLD_SIZE" in env and "LOCAL_RANK" not in env:
+        per_node = nproc or env.get("NPROC_PER_NODE") or "1"
+        return Launch(
+            "node-per-replica",
+            _static(
+                _int(env, "WORLD_SIZE", "MASTER_ADDR"),
+                env.get("RANK", "0"),
+                per_node,
+                env["MASTER_ADDR"],
+                env.get("MASTER_PORT", DEFAULT_PORT),
+            ),
+        )
+    return Launch("standalone", ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc or _local_devices()}"])
+
+
+def _local_devices() -> str:
+    try:
+        import torch
+
+        return str(max(1, torch.cuda.device_count()))
+    except ImportError:
+        return "1"
+
+
+def command(launch: Launch, program: list[str]) -> list[str]:
+    """The full torchrun command line for the training program's arguments."""
+    return [sys.executable, "-m", "torch.distributed.run", *launch.torchrun, "-m", "imagenet_train.cli", *program]
+
+
+def run(program: list[str], nproc: str | None = None, dry_run: bool = False) -> int:
+    """Print the torchrun command for this environment, then replace this process with it."""
+    launch = resolve(os.environ, nproc)
+    argv = command(launch, program or ["train", "--help"])
+    print(f"imagenet-train launch: {launch.launcher}: torchrun {' '.join(argv[3:])}", flush=True)
+    if dry_run:
+        return 0
+    os.execv(argv[0], argv)
+    return 0  # not reached
