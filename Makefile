@@ -12,6 +12,8 @@ IMAGE ?= imagenet-train
 TAG ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 IMAGE_REF := $(if $(REGISTRY),$(REGISTRY)/,)$(IMAGE):$(TAG)
 BASE_IMAGE ?= nvcr.io/nvidia/pytorch:25.01-py3
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BUILD_FLAGS ?=
 # docker when its daemon answers, else podman (buildah underneath), else docker for the error message.
 CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || (command -v podman >/dev/null 2>&1 && echo podman) || echo docker)
 SHARDS ?= $(CURDIR)/demo/shards
@@ -64,9 +66,8 @@ image-test: venv system-deps image-deps
 	$(BIN)/python -m pytest -q tests/test_image.py
 
 build:
-	$(CONTAINER) build -f images/train/Dockerfile -t $(IMAGE_REF) \
-	  --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VERSION=$(TAG) \
-	  --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+	$(CONTAINER) build $(BUILD_FLAGS) -f images/train/Dockerfile -t $(IMAGE_REF) \
+	  --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VERSION=$(TAG) --build-arg REVISION=$(REVISION) \
 	  --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) .
 
 push:

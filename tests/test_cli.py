@@ -120,3 +120,8 @@ def test_a_stalled_shard_server_fails_the_run_with_a_message_not_a_hang(digit_sh
     finally:
         listener.close()
     _assert_one_line_error(result, "within 4s", f"127.0.0.1:{port}", "stalled")
+
+
+def test_train_refuses_a_configuration_the_planner_says_will_hang(digit_shards):
+    result = cli("train", "--shards", str(digit_shards), "--batch-size", "4000", "--epochs", "1")
+    _assert_one_line_error(result, "pre-flight: WILL HANG", "--force runs anyway")

@@ -119,24 +119,27 @@ def podman(tmp_path_factory):
             str(REPO / "tests/image"),
         )
     revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    engine(
-        "build",
-        "--pull=never",
-        "--network=host",
-        "-f",
-        str(tmp / "context/images/train/Dockerfile"),
-        "--build-arg",
-        f"BASE_IMAGE={TESTBASE}",
-        "--build-arg",
-        "VERSION=image-test",
-        "--build-arg",
-        f"REVISION={revision}",
-        "-v",
-        f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-        "-t",
-        IMAGE,
-        str(_build_context(tmp)),
+    # The documented release path, `make build`, with the flags this machine needs.
+    flags = f"--pull=never --network=host -v {CA_BUNDLE}:{CA_BUNDLE}:ro"
+    built = subprocess.run(
+        [
+            "make",
+            "-C",
+            str(_build_context(tmp)),
+            "build",
+            "CONTAINER=podman",
+            f"BASE_IMAGE={TESTBASE}",
+            "IMAGE=localhost/imagenet-train",
+            "TAG=image-test",
+            f"REVISION={revision}",
+            f"BUILD_FLAGS={flags}",
+        ],
+        env=engine.env,
+        timeout=900,
+        capture_output=True,
+        text=True,
     )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-4000:]
     engine.revision = revision
     yield engine
     engine("rmi", "--force", IMAGE, check=False)

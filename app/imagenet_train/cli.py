@@ -44,6 +44,7 @@ HELP = {
     "run_dir": "directory for config.json, metrics.jsonl and checkpoints",
     "resume": "'latest' (newest checkpoint in --run-dir) or a checkpoint path",
     "eval_every": "evaluate every N epochs (and after the last)",
+    "force": "run even when the pre-flight check says the configuration will hang",
     "log_keys": "debug: record every sample key read, per rank and epoch, under RUN_DIR/keys",
 }
 
@@ -159,6 +160,83 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_setup(args: argparse.Namespace):
+    from . import plan
+
+    urls: list[str] = []
+    if args.shards:
+        from .index import load_index
+
+        index = load_index(args.shards)
+        sizes, urls = index.sizes("train"), index.urls("train")
+    elif args.shard_sizes:
+        try:
+            sizes = [int(size) for size in args.shard_sizes.split(",")]
+        except ValueError:
+            raise ImagenetTrainError(
+                f"--shard-sizes: expected numbers like 1000,1000,640, got '{args.shard_sizes}'"
+            ) from None
+    elif args.nshards and args.samples_per_shard:
+        sizes = [args.samples_per_shard] * args.nshards
+    else:
+        raise ImagenetTrainError("plan: give --shards INDEX, --shard-sizes, or --nshards with --samples-per-shard")
+    setup = plan.Setup(
+        shard_sizes=tuple(sizes),
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        workers=args.workers,
+        batch_size=args.batch_size,
+        mode=args.mode,
+        epoch_batches=args.epoch_batches,
+        join=args.join,
+        seed=args.seed,
+        epoch=args.epoch,
+    )
+    return setup, urls
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from . import plan
+
+    setup, urls = _plan_setup(args)
+    assessment = plan.assess(setup)
+    simulated = None
+    if args.simulate:
+        if not urls:
+            raise ImagenetTrainError("--simulate reads the real shards: give --shards INDEX")
+        from .simulate import simulate
+
+        simulated = simulate(urls, setup)
+    mismatches = [
+        f"rank {s.rank}: planned {r.batches} batches, loader gave {s.batches}"
+        for r, s in zip(assessment.ranks, simulated or [], strict=False)
+        if r.batches != s.batches
+    ]
+    if args.json:
+        document = dataclasses.asdict(assessment)
+        if simulated is not None:
+            document["simulated"] = [dataclasses.asdict(s) for s in simulated]
+            document["mismatches"] = mismatches
+        print(json.dumps(document, indent=1))
+    else:
+        print(plan.format_assessment(assessment, show_workers=args.show_workers))
+        if simulated is not None:
+            for s in simulated:
+                if args.show_open:
+                    for worker, opened in enumerate(s.opened):
+                        names = [url.rsplit("/", 1)[-1] for url in opened]
+                        print(f"  rank {s.rank} worker {worker} opened: {' '.join(names) or '-'}")
+            print(
+                "simulation: "
+                + (
+                    "; ".join(mismatches)
+                    if mismatches
+                    else f"the real loaders gave exactly the planned batches on all {setup.world} ranks"
+                )
+            )
+    return 1 if assessment.verdict.startswith("WILL HANG") or mismatches else 0
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     from .launch import run
 
@@ -210,6 +288,35 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--access-log", action="store_true", help="keep an access log")
     serve.add_argument("--pid-file", default=None, help="write this command's pid here")
     serve.set_defaults(func=cmd_serve)
+
+    planner = commands.add_parser(
+        "plan",
+        formatter_class=formatter,
+        help="show how shards split over nodes x GPUs x workers and whether every rank gets the same batches",
+    )
+    planner.add_argument("--shards", default="", help="shard index (shards.json), its directory, or a URL")
+    planner.add_argument("--shard-sizes", default="", help="samples per shard, comma-separated (instead of an index)")
+    planner.add_argument("--nshards", type=int, default=0, help="number of shards (with --samples-per-shard)")
+    planner.add_argument("--samples-per-shard", type=int, default=0, help="samples in every shard")
+    planner.add_argument("--nodes", type=int, default=1, help="nodes")
+    planner.add_argument("--gpus-per-node", type=int, default=1, help="ranks per node")
+    planner.add_argument("--workers", type=int, default=8, help="DataLoader workers per rank")
+    planner.add_argument("--batch-size", type=int, default=256, help="batch size per rank")
+    planner.add_argument("--mode", default="resampled", help="resampled or split")
+    planner.add_argument("--epoch-batches", type=int, default=0, help="batches per rank per epoch (resampled)")
+    planner.add_argument(
+        "--join",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="split mode: the step runs under Join (imagenet-train train always does)",
+    )
+    planner.add_argument("--seed", type=int, default=0, help="seed of the per-epoch shard order")
+    planner.add_argument("--epoch", type=int, default=0, help="which epoch's shard order to show")
+    planner.add_argument("--show-workers", action="store_true", help="list the shards of every worker")
+    planner.add_argument("--simulate", action="store_true", help="run the real loaders over the real shards")
+    planner.add_argument("--show-open", action="store_true", help="with --simulate: shards each worker opened")
+    planner.add_argument("--json", action="store_true", help="machine-readable output")
+    planner.set_defaults(func=cmd_plan)
 
     launch = commands.add_parser(
         "launch",

@@ -53,6 +53,7 @@ class RunConfig:
     resume: str = ""  # "", "latest" or a checkpoint path
     eval_every: int = 1
     log_keys: bool = False  # debug: write every sample key read, per rank and epoch
+    force: bool = False  # run even when the pre-flight plan says the job will hang
 
 
 @dataclass

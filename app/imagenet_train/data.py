@@ -102,16 +102,16 @@ def collate(samples: Sequence[tuple]) -> Batch:
     return images, labels, [s[2] for s in samples]
 
 
-def batched(samples: Iterable[tuple], batch_size: int, partial: bool) -> Iterator[Batch]:
+def batched(samples: Iterable, batch_size: int, partial: bool, collate_fn: Callable = collate) -> Iterator:
     """Group samples into batches; the last short batch is kept only when `partial`."""
     pending: list = []
     for sample in samples:
         pending.append(sample)
         if len(pending) == batch_size:
-            yield collate(pending)
+            yield collate_fn(pending)
             pending = []
     if pending and partial:
-        yield collate(pending)
+        yield collate_fn(pending)
 
 
 def worker_context() -> multiprocessing.context.BaseContext:

@@ -86,3 +86,175 @@ def lr_at(step: int, total_steps: int, warmup_steps: int, base_lr: float, final_
     span = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / span)
     return final_lr + 0.5 * (base_lr - final_lr) * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A launch configuration to check before any GPU is spent."""
+
+    shard_sizes: tuple[int, ...]
+    nodes: int = 1
+    gpus_per_node: int = 1
+    workers: int = 8
+    batch_size: int = 256
+    mode: str = "resampled"
+    epoch_batches: int = 0  # 0: one pass over the data (resampled mode)
+    join: bool = True  # split mode: the step runs under torch.distributed Join (imagenet-train always does)
+    seed: int = 0
+    epoch: int = 0
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    shards: tuple[int, ...]
+    workers: int
+    samples: int
+    full_batches: int
+    partial_batches: int
+    batches: int
+    worker_shards: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Assessment:
+    setup: Setup
+    ranks: tuple[RankPlan, ...]
+    samples_per_epoch: int  # what the ranks consume together
+    dropped: int  # samples of the data not seen this epoch
+    duplicated: int  # samples seen more than once this epoch (resampled: expected draws beyond the data)
+    verdict: str  # "OK", "WARN: ...", "WILL HANG: ..."
+    notes: tuple[str, ...]
+    fix: str
+
+
+def _rank_plans(setup: Setup) -> list[RankPlan]:
+    sizes = setup.shard_sizes
+    ranks = []
+    if setup.mode == "resampled":
+        batches = setup.epoch_batches or max(0, sum(sizes) // max(1, setup.batch_size * setup.world))
+        for rank in range(setup.world):
+            ranks.append(
+                RankPlan(
+                    rank, tuple(range(len(sizes))), setup.workers, batches * setup.batch_size, batches, 0, batches, ()
+                )
+            )
+        return ranks
+    order = epoch_order(len(sizes), setup.seed, setup.epoch)
+    for rank in range(setup.world):
+        mine = assigned(order, rank, setup.world)
+        nworkers = loader_workers(len(mine), setup.workers)
+        per_worker = [tuple(assigned(mine, w, max(nworkers, 1))) for w in range(max(nworkers, 1))]
+        full = partial = 0
+        for shards in per_worker:
+            samples = sum(sizes[s] for s in shards)
+            full += samples // setup.batch_size
+            partial += 1 if samples % setup.batch_size else 0
+        ranks.append(
+            RankPlan(
+                rank,
+                tuple(mine),
+                nworkers,
+                sum(sizes[s] for s in mine),
+                full,
+                partial,
+                full + partial,
+                tuple(per_worker),
+            )
+        )
+    return ranks
+
+
+def assess(setup: Setup) -> Assessment:
+    """Per-rank shards and batches for one epoch, what is dropped or repeated, and whether DDP will hang."""
+    if setup.world < 1 or setup.batch_size < 1 or setup.workers < 0:
+        raise ImagenetTrainError("plan: nodes, gpus per node and batch size must be at least 1")
+    if setup.mode not in ("resampled", "split"):
+        raise ImagenetTrainError(f"plan: --mode must be resampled or split, got '{setup.mode}'")
+    if not setup.shard_sizes:
+        raise ImagenetTrainError("plan: no shards")
+    ranks = _rank_plans(setup)
+    total = sum(setup.shard_sizes)
+    counts = [r.batches for r in ranks]
+    notes: list[str] = []
+    verdict, fix = "OK", ""
+    if setup.mode == "resampled":
+        consumed = counts[0] * setup.batch_size * setup.world
+        dropped, duplicated = max(0, total - consumed), max(0, consumed - total)
+        if counts[0] == 0:
+            verdict = f"WILL HANG: {total} samples cannot fill one batch of {setup.batch_size} on {setup.world} ranks"
+            fix = "lower --batch-size or set --epoch-batches"
+        elif consumed > total:
+            verdict = f"WARN: an epoch draws {consumed} samples from {total}: {consumed - total} repeats per epoch"
+            fix = f"--epoch-batches {total // (setup.batch_size * setup.world)} for one pass over the data"
+        else:
+            notes.append(
+                "resampled: shards are drawn with replacement, so some samples repeat and others wait "
+                "for a later epoch; every rank gets exactly the same number of batches"
+            )
+        return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, verdict, tuple(notes), fix)
+    idle_ranks = [r.rank for r in ranks if not r.shards]
+    idle_workers = [(r.rank, setup.workers - r.workers) for r in ranks if r.shards and r.workers < setup.workers]
+    if idle_workers:
+        rank, idle = idle_workers[0]
+        notes.append(
+            f"{len(idle_workers)} ranks have fewer shards than --workers (rank {rank}: {idle} idle); "
+            "the loader starts only as many workers as shards"
+        )
+    if setup.epoch_batches:
+        notes.append("--epoch-batches is ignored in split mode: an epoch is one pass over the shards")
+    if len(set(counts)) > 1 and not setup.join:
+        verdict = (
+            f"WILL HANG: ranks get {min(counts)}..{max(counts)} batches and the step has no Join; "
+            "DDP waits forever on the ranks that finished first"
+        )
+        fix = (
+            f"run the step under Join (imagenet-train does), or --mode resampled, or stop every rank at "
+            f"{min(counts)} batches (drops {sum(counts) - min(counts) * len(counts)} batches)"
+        )
+    elif idle_ranks:
+        verdict = (
+            f"WARN: {len(idle_ranks)} of {setup.world} ranks get no shard (first: rank {idle_ranks[0]}) "
+            "and idle all epoch"
+        )
+        fix = f"make at least {setup.world} shards (smaller --maxcount) or use --mode resampled"
+    elif len(set(counts)) > 1:
+        waste = sum(max(counts) - c for c in counts)
+        verdict = (
+            f"WARN: ranks get {min(counts)}..{max(counts)} batches; Join shadows {waste} steps of the ranks "
+            "that finish first"
+        )
+        fix = "shards that divide evenly over ranks x workers, or --mode resampled"
+    return Assessment(setup, tuple(ranks), total, 0, 0, verdict, tuple(notes), fix)
+
+
+def format_assessment(assessment: Assessment, show_workers: bool = False) -> str:
+    """The human table: one row per rank, then the epoch totals, the verdict and a suggested fix."""
+    setup = assessment.setup
+    lines = [
+        f"plan: {len(setup.shard_sizes)} shards, {sum(setup.shard_sizes)} samples; {setup.nodes} nodes x "
+        f"{setup.gpus_per_node} GPUs = {setup.world} ranks; {setup.workers} workers/rank; batch {setup.batch_size}; "
+        f"mode {setup.mode}",
+        f"{'rank':>5} {'shards':>7} {'workers':>8} {'samples':>9} {'full':>6} {'partial':>8} {'batches':>8}",
+    ]
+    for r in assessment.ranks:
+        lines.append(
+            f"{r.rank:>5} {len(r.shards):>7} {r.workers:>8} {r.samples:>9} {r.full_batches:>6} "
+            f"{r.partial_batches:>8} {r.batches:>8}"
+        )
+        if show_workers:
+            for worker, shards in enumerate(r.worker_shards):
+                lines.append(f"{'':>5}   worker {worker}: shards {', '.join(map(str, shards)) or '-'}")
+    lines.append(
+        f"per epoch: {assessment.samples_per_epoch} samples consumed, {assessment.dropped} not seen, "
+        f"{assessment.duplicated} repeated"
+    )
+    lines += [f"note: {note}" for note in assessment.notes]
+    lines.append(f"verdict: {assessment.verdict}")
+    if assessment.fix:
+        lines.append(f"suggested fix: {assessment.fix}")
+    return "\n".join(lines)

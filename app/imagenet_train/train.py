@@ -84,9 +84,31 @@ class Trainer:
         self.amp = amp_dtype(run.amp, info.device)
         self.scaler = torch.amp.GradScaler(info.device.type, enabled=self.amp == torch.float16)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+        self.preflight()
         self.train_loader = self._train_loader()
         self.val_loader = self._val_loader()
         self.start_epoch = 0
+
+    def preflight(self) -> None:
+        """The planner's check of this launch; every rank reaches the same verdict from the same inputs."""
+        if self.source.train_sizes is None:
+            return
+        data = self.cfg.data
+        setup = plan.Setup(
+            tuple(self.source.train_sizes),
+            nodes=1,
+            gpus_per_node=self.info.world,
+            workers=data.workers,
+            batch_size=data.batch_size,
+            mode=data.mode,
+            epoch_batches=data.epoch_batches,
+            seed=self.cfg.run.seed,
+        )
+        assessment = plan.assess(setup)
+        if assessment.verdict.startswith("WILL HANG") and not self.cfg.run.force:
+            raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
+        if self.info.is_main and assessment.verdict != "OK":
+            log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
 
     def _train_loader(self) -> EpochLoader:
         data, info = self.cfg.data, self.info

@@ -1,0 +1,77 @@
+"""`plan --simulate`: run the real shard assignment and tar reading for every virtual rank and worker.
+
+No torch.distributed and no DataLoader processes: each (rank, worker) stream is the loader's own
+code (`ShardStream.shard_urls`, `read_shards`, `batched`) driven in this process, without decoding,
+so the planner's arithmetic can be checked against what really comes out of the shards.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from . import plan
+from .data import ShardStream, batched, read_shards
+
+
+@dataclass
+class SimulatedRank:
+    rank: int
+    batches: int = 0
+    samples: int = 0
+    opened: list[list[str]] = field(default_factory=list)  # per worker, shard URLs in the order opened
+
+
+def _stream(urls: list[str], setup: plan.Setup, rank: int) -> ShardStream:
+    return ShardStream(
+        urls=urls,
+        transform=None,
+        batch_size=setup.batch_size,
+        rank=rank,
+        world=setup.world,
+        resampled=setup.mode == "resampled",
+        seed=setup.seed,
+        epoch=setup.epoch,
+        retries=1,
+    )
+
+
+def _recording(urls, opened: list[str]):
+    for url in urls:
+        opened.append(url)
+        yield url
+
+
+def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
+    """Batches and samples each virtual rank really gets in one epoch of `setup`."""
+    results = []
+    for rank in range(setup.world):
+        stream = _stream(urls, setup, rank)
+        result = SimulatedRank(rank)
+        if setup.mode == "split":
+            workers = plan.loader_workers(stream.rank_shards(), setup.workers)
+            for worker in range(max(workers, 1)):
+                opened: list[str] = []
+                shard_urls = _recording(stream.shard_urls(worker, max(workers, 1)), opened)
+                keys = (sample["__key__"] for sample in read_shards(shard_urls, retries=1))
+                for batch in batched(keys, setup.batch_size, partial=True, collate_fn=list):
+                    result.batches += 1
+                    result.samples += len(batch)
+                result.opened.append(opened)
+        else:
+            nominal = plan.assess(setup).ranks[rank].batches
+            workers = max(setup.workers, 1)
+            opened_lists = [[] for _ in range(workers)]
+            streams = [
+                read_shards(_recording(stream.shard_urls(w, workers), opened_lists[w]), 1, 2 * len(urls) + 8)
+                for w in range(workers)
+            ]
+            # Resampled worker streams never end; zip interleaves them as the DataLoader's round-robin does.
+            interleaved = (s for group in zip(*streams, strict=False) for s in group)
+            keys = (sample["__key__"] for sample in interleaved)
+            for batch in itertools.islice(batched(keys, setup.batch_size, partial=False, collate_fn=list), nominal):
+                result.batches += 1
+                result.samples += len(batch)
+            result.opened = opened_lists
+        results.append(result)
+    return results

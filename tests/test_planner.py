@@ -1,0 +1,129 @@
+"""`imagenet-train plan`: the planner's per-rank batches equal what the real loaders give, and the
+classic failure cases are flagged before launch."""
+
+import io
+import json
+import tarfile
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from imagenet_train import plan
+from imagenet_train.simulate import simulate
+
+from conftest import cli
+
+
+def write_shards(folder, sizes) -> list[str]:
+    """Tiny shards of `sizes` samples each (keys only matter: the simulation does not decode)."""
+    urls = []
+    for number, size in enumerate(sizes):
+        path = folder / f"s-{number:04d}.tar"
+        with tarfile.open(path, "w") as archive:
+            for i in range(size):
+                info = tarfile.TarInfo(f"k{number:04d}_{i:04d}.cls")
+                info.size = 1
+                archive.addfile(info, io.BytesIO(b"0"))
+        urls.append(str(path))
+    return urls
+
+
+@given(
+    sizes=st.lists(st.integers(0, 25), min_size=1, max_size=9),
+    nodes=st.integers(1, 3),
+    gpus=st.integers(1, 3),
+    workers=st.integers(0, 4),
+    batch=st.integers(1, 9),
+    mode=st.sampled_from(["split", "resampled"]),
+    epoch=st.integers(0, 2),
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_planned_batches_equal_what_the_real_loaders_give(
+    tmp_path_factory, sizes, nodes, gpus, workers, batch, mode, epoch
+):
+    if mode == "resampled" and sum(sizes) == 0:
+        sizes = [*sizes[:-1], 1]
+    urls = write_shards(tmp_path_factory.mktemp("shards"), sizes)
+    setup = plan.Setup(
+        tuple(sizes), nodes, gpus, workers, batch, mode, epoch=epoch, epoch_batches=3 if mode == "resampled" else 0
+    )
+    assessment = plan.assess(setup)
+    simulated = simulate(urls, setup)
+    assert [r.batches for r in assessment.ranks] == [s.batches for s in simulated]
+    if mode == "resampled":
+        assert len({s.batches for s in simulated}) == 1  # every rank the same, always
+    else:
+        assert sum(s.samples for s in simulated) == sum(sizes)  # every sample exactly once
+        opened = Counter(url for s in simulated for worker in s.opened for url in worker)
+        assert opened == Counter(urls)  # every shard opened exactly once over all ranks and workers
+
+
+def test_flags_unequal_batches_without_join_as_a_hang():
+    setup = plan.Setup((100,) * 10, nodes=1, gpus_per_node=4, workers=2, batch_size=32, mode="split", join=False)
+    assessment = plan.assess(setup)
+    assert assessment.verdict.startswith("WILL HANG: ranks get")
+    assert "stop every rank at" in assessment.fix
+
+
+def test_flags_fewer_shards_than_ranks_and_idle_workers():
+    assessment = plan.assess(plan.Setup((100,) * 3, nodes=1, gpus_per_node=4, workers=8, batch_size=16, mode="split"))
+    assert assessment.verdict.startswith("WARN: 1 of 4 ranks get no shard")
+    assert any("fewer shards than --workers" in note for note in assessment.notes)
+
+
+def test_flags_an_epoch_longer_than_the_data():
+    assessment = plan.assess(plan.Setup((100,) * 4, gpus_per_node=2, batch_size=50, epoch_batches=10))
+    assert assessment.verdict.startswith("WARN: an epoch draws 1000 samples from 400")
+    assert assessment.fix == "--epoch-batches 4 for one pass over the data"
+    assert plan.assess(plan.Setup((100,) * 4, gpus_per_node=2, batch_size=50)).verdict == "OK"
+
+
+def test_plan_command_simulates_real_shards_and_exits_1_on_a_hang(digit_shards):
+    result = cli(
+        "plan",
+        "--shards",
+        str(digit_shards),
+        "--gpus-per-node",
+        "2",
+        "--workers",
+        "2",
+        "--batch-size",
+        "32",
+        "--mode",
+        "split",
+        "--simulate",
+        "--show-open",
+        "--show-workers",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "simulation: the real loaders gave exactly the planned batches on all 2 ranks" in result.stdout
+    assert "worker 1 opened: imagenet-train-train-" in result.stdout
+    hang = cli(
+        "plan",
+        "--nshards",
+        "10",
+        "--samples-per-shard",
+        "100",
+        "--gpus-per-node",
+        "4",
+        "--mode",
+        "split",
+        "--no-join",
+        "--batch-size",
+        "32",
+    )
+    assert hang.returncode == 1 and "verdict: WILL HANG" in hang.stdout
+
+
+def test_plan_json_and_bad_input():
+    doc = json.loads(cli("plan", "--shard-sizes", "10,20,30", "--json", "--batch-size", "4", "--workers", "1").stdout)
+    assert doc["verdict"] == "OK" and [r["batches"] for r in doc["ranks"]] == [15]
+    bad = cli("plan", "--shard-sizes", "10,x")
+    assert bad.returncode == 2 and "--shard-sizes: expected numbers" in bad.stderr
+
+
+@pytest.mark.parametrize("mode", ["split", "resampled"])
+def test_single_rank_plans_are_ok(mode):
+    assert plan.assess(plan.Setup((64,) * 4, workers=2, batch_size=16, mode=mode)).verdict == "OK"
