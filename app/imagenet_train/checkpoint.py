@@ -10,11 +10,13 @@ import torch
 
 from .errors import ImagenetTrainError
 
-_NAME = re.compile(r"^epoch-(\d{4,})\.pt$")
+_NAME = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{6,}))?\.pt$")
 
 
-def checkpoint_path(run_dir: str, epoch: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"epoch-{epoch:04d}.pt"
+def checkpoint_path(run_dir: str, epoch: int, step: int | None = None) -> Path:
+    """`epoch-EEEE.pt` after a whole epoch, `epoch-EEEE-step-SSSSSS.pt` inside one."""
+    suffix = "" if step is None else f"-step-{step:06d}"
+    return Path(run_dir) / "checkpoints" / f"epoch-{epoch:04d}{suffix}.pt"
 
 
 def save(state: dict, path: Path) -> None:
@@ -29,12 +31,16 @@ def save(state: dict, path: Path) -> None:
 
 
 def latest(run_dir: str) -> Path | None:
-    """The checkpoint of the highest completed epoch in a run directory."""
+    """The newest checkpoint in a run directory: the furthest epoch, and within it the furthest step."""
     folder = Path(run_dir) / "checkpoints"
     if not folder.is_dir():
         return None
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
-    return max(found)[1] if found else None
+    found = []
+    for path in folder.iterdir():
+        if match := _NAME.match(path.name):
+            step = float("inf") if match.group(2) is None else int(match.group(2))  # a whole epoch comes last
+            found.append((int(match.group(1)), step, path))
+    return max(found)[2] if found else None
 
 
 def load(path: Path) -> dict:
@@ -43,3 +49,11 @@ def load(path: Path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:
         raise ImagenetTrainError(f"{path}: unreadable checkpoint ({type(error).__name__})") from None
+
+
+def prune_steps(run_dir: str, keep: Path) -> None:
+    """Remove the mid-epoch checkpoints that `keep` supersedes (whole-epoch checkpoints all stay)."""
+    folder = Path(run_dir) / "checkpoints"
+    for path in folder.glob("epoch-*-step-*.pt"):
+        if path != keep and _NAME.match(path.name):
+            path.unlink(missing_ok=True)

@@ -43,6 +43,7 @@ HELP = {
     "seed": "seed for weights, shard order and augmentation",
     "run_dir": "directory for config.json, metrics.jsonl and checkpoints",
     "resume": "'latest' (newest checkpoint in --run-dir) or a checkpoint path",
+    "checkpoint_every": "also checkpoint every N batches inside an epoch, for mid-epoch resume (0: epoch ends only)",
     "eval_every": "evaluate every N epochs (and after the last)",
     "force": "run even when the pre-flight check says the configuration will hang",
     "log_keys": "debug: record every sample key read, per rank and epoch, under RUN_DIR/keys",

@@ -52,6 +52,7 @@ class RunConfig:
     run_dir: str = "runs/latest"
     resume: str = ""  # "", "latest" or a checkpoint path
     eval_every: int = 1
+    checkpoint_every: int = 0  # also checkpoint every N batches inside an epoch (0: at epoch ends only)
     log_keys: bool = False  # debug: write every sample key read, per rank and epoch
     force: bool = False  # run even when the pre-flight plan says the job will hang
 

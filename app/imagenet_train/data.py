@@ -156,13 +156,15 @@ class ShardStream(IterableDataset):
     seed: int = 0
     retries: int = 5
     epoch: int = 0
+    skip_keys: frozenset = frozenset()  # consumed before a mid-epoch checkpoint: read, never decoded
+    resume_tag: str = ""  # a resumed resampled epoch draws fresh shards, deterministically
 
     def __post_init__(self):
         self.corrupt = worker_context().Value("q", 0)
 
     def shard_urls(self, worker: int, workers: int) -> Iterator[str]:
         if self.resampled:
-            rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}")
+            rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}{self.resume_tag}")
             while True:
                 yield self.urls[rng.randrange(len(self.urls))]
         order = (
@@ -176,6 +178,8 @@ class ShardStream(IterableDataset):
         rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}:samples")
         max_empty = 2 * len(self.urls) + 8 if self.resampled else None
         samples = read_shards(self.shard_urls(worker, workers), self.retries, max_empty)
+        if self.skip_keys:
+            samples = (sample for sample in samples if sample["__key__"] not in self.skip_keys)
         if self.shuffle_buffer > 1:
             samples = shuffled(samples, self.shuffle_buffer, rng)
         return batched(decoded(samples, self.transform, self.corrupt), self.batch_size, partial=not self.resampled)

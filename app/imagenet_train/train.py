@@ -21,6 +21,7 @@ from .config import Config
 from .data import DataSource, EpochLoader, ShardStream, resolve_source
 from .dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
 from .errors import ImagenetTrainError
+from .position import KeyLog, Position, consumed_keys
 from .presets import TrainPreset, ValPreset, normalize
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class Trainer:
         self.train_loader = self._train_loader()
         self.val_loader = self._val_loader()
         self.start_epoch = 0
+        self.position: Position | None = None  # set when resuming inside an epoch
 
     def preflight(self) -> None:
         """The planner's check of this launch; every rank reaches the same verdict from the same inputs."""
@@ -180,21 +182,31 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.start_epoch = int(state["epoch"]) + 1
+        where = ""
+        if state.get("position"):
+            self.position = Position.from_dict(state["position"])
+            self.start_epoch = self.position.epoch
+            where = f", step {self.position.step}"
         if self.info.is_main:
-            print(f"resumed from {path}: continuing at epoch {self.start_epoch}", flush=True)
+            print(f"resumed from {path}: continuing at epoch {self.start_epoch}{where}", flush=True)
 
-    def save(self, epoch: int) -> None:
+    def save(self, epoch: int, position: Position | None = None) -> None:
+        """Rank 0 writes the state after `epoch` completed, or at `position` inside the next epoch."""
         if not self.info.is_main:
             return
         state = {
             "epoch": epoch,
+            "position": position.to_dict() if position else None,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "schedule": {"base_lr": self.base_lr, "epochs": self.cfg.run.epochs},
             "config": json.loads(self.cfg.to_json()),
         }
-        checkpoint.save(state, checkpoint.checkpoint_path(str(self.run_dir), epoch))
+        step = position.step if position else None
+        path = checkpoint.checkpoint_path(str(self.run_dir), position.epoch if position else epoch, step)
+        checkpoint.save(state, path)
+        checkpoint.prune_steps(str(self.run_dir), keep=path)
 
     # -- one epoch ----------------------------------------------------------------------------
     def set_lr(self, epoch: int, step: int, steps: int) -> float:
@@ -205,18 +217,42 @@ class Trainer:
             group["lr"] = lr
         return lr
 
+    def _prepare_epoch(self, epoch: int) -> Position:
+        """Point the loader at this epoch, or at what is left of it when resuming inside it."""
+        position = self.position if self.position and self.position.epoch == epoch else Position(epoch)
+        self.position = None
+        stream = self.train_loader.stream
+        self.train_loader.set_epoch(epoch)
+        stream.skip_keys, stream.resume_tag = frozenset(), ""
+        if not self.split:
+            self.train_loader.batches = self.epoch_batches(epoch) - position.step
+            if position.step:
+                stream.resume_tag = f":resume{position.step}"
+        elif position.step:
+            stream.skip_keys = frozenset(consumed_keys(self.run_dir, position))
+        if position.step:
+            position = Position(epoch, position.step, [*position.segments, position.step])
+        return position
+
     def train_epoch(self, epoch: int) -> dict:
         info, loader = self.info, self.train_loader
-        loader.set_epoch(epoch)
+        position = self._prepare_epoch(epoch)
+        start = position.step
         self.ddp.train()
         steps = self.epoch_batches(epoch)
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
-        samples, batches, lr, keys = 0, 0, self.base_lr, []
+        samples, batches, lr, keys = 0, start, self.base_lr, []
         corrupt_before = loader.corrupt_samples
-        bar = tqdm(total=steps, desc=f"epoch {epoch}", unit="batch", disable=not info.is_main, mininterval=2)
+        every = self.cfg.run.checkpoint_every
+        key_log = KeyLog(self.run_dir, epoch, info.rank, start) if self.split else None
+        bar = tqdm(
+            total=steps, initial=start, desc=f"epoch {epoch}", unit="batch", disable=not info.is_main, mininterval=2
+        )
         join = Join([self.ddp]) if self.split and info.enabled else contextlib.nullcontext()
         with bar, join:
             for images, labels, batch_keys in loader:
+                if key_log:
+                    key_log.fetched(batches, batch_keys)  # before the step: a kill mid-step loses nothing
                 lr = self.set_lr(epoch, batches, steps)
                 loss_sum += self.step(images, labels) * len(labels)
                 samples += len(labels)
@@ -224,14 +260,20 @@ class Trainer:
                 if self.cfg.run.log_keys:
                     keys.extend(batch_keys)
                 bar.update()
+                if every and batches % every == 0 and batches < steps:
+                    self.save(epoch - 1, Position(epoch, batches, position.segments))
+        if key_log:
+            key_log.close()
         if self.split and info.enabled:
             self._sync_optimizer_state(batches)
         self._write_keys("train", epoch, keys)
         total_loss, total_samples, corrupt = all_sum(
             [loss_sum.item(), samples, loader.corrupt_samples - corrupt_before], info
         )
-        per_rank = [int(b[0]) for b in all_gather_numbers([batches], info)]
+        per_rank = [int(b[0]) - start for b in all_gather_numbers([batches], info)]
+        resumed = {"resumed_from_step": start} if start else {}
         return {
+            **resumed,
             "lr": lr,
             "train_loss": total_loss / max(total_samples, 1),
             "train_samples": int(total_samples),
