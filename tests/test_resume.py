@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from imagenet_train import plan
@@ -90,7 +91,8 @@ def _checkpoint_position(run_dir: Path) -> Position:
     return Position.from_dict(state["position"])
 
 
-def test_split_mode_resumed_mid_epoch_sees_every_sample_exactly_once(digit_shards, tmp_path):
+@pytest.mark.parametrize("ranks_after", [2, 1])
+def test_split_mode_resumed_mid_epoch_sees_every_sample_exactly_once(digit_shards, tmp_path, ranks_after):
     run_dir = tmp_path / "run"
     args = ["--shards", str(digit_shards), "--mode", "split", "--run-dir", str(run_dir), *ARGS]
     code = run_until_killed(args, run_dir, tmp_path)
@@ -98,9 +100,11 @@ def test_split_mode_resumed_mid_epoch_sees_every_sample_exactly_once(digit_shard
     position = _checkpoint_position(run_dir)
     assert position.epoch == 0 and position.step >= 8
     before = consumed_keys(run_dir, position)
-    resumed = torchrun([*args, "--resume", "latest"])
+    resumed = torchrun([*args, "--resume", "latest"], nproc=ranks_after)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"continuing at epoch 0, step {position.step}" in resumed.stdout
+    if ranks_after != 2:  # an elastic restart with fewer ranks: says what it does, then does it
+        assert "world size changed from 2 to 1 mid-epoch: the" in resumed.stdout
     after: list[str] = []
     for log in (run_dir / "position" / "epoch-0000").glob(f"rank-*-from-{position.step:06d}.keys"):
         after += [key for line in log.read_text().splitlines() for key in line.split()[1:]]
@@ -111,18 +115,22 @@ def test_split_mode_resumed_mid_epoch_sees_every_sample_exactly_once(digit_shard
     assert metrics[-1]["resumed_from_step"] == position.step and metrics[-1]["train_samples"] == len(after)
 
 
-def test_resampled_mode_resumed_mid_epoch_keeps_the_nominal_length(digit_shards, tmp_path):
+@pytest.mark.parametrize("ranks_after", [2, 1])
+def test_resampled_mode_resumed_mid_epoch_keeps_the_nominal_length(digit_shards, tmp_path, ranks_after):
     run_dir = tmp_path / "run"
     args = ["--shards", str(digit_shards), "--run-dir", str(run_dir), *ARGS]
     code = run_until_killed(args, run_dir, tmp_path)
     assert code != 0, "the first part should have been killed mid-epoch"
     position = _checkpoint_position(run_dir)
-    resumed = torchrun([*args, "--resume", "latest"])
+    resumed = torchrun([*args, "--resume", "latest"], nproc=ranks_after)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     nominal = plan.resampled_epoch_batches(1438, 16, 2)
     metrics = read_metrics(run_dir)
     assert metrics[-1]["resumed_from_step"] == position.step
-    assert metrics[-1]["batches_per_rank"] == [nominal - position.step] * 2  # together: exactly the nominal epoch
+    # Together the two parts are exactly the nominal epoch: the same batches, or the same samples on fewer ranks.
+    left = (nominal - position.step) * 2 // ranks_after
+    assert metrics[-1]["batches_per_rank"] == [left] * ranks_after
+    assert metrics[-1]["train_samples"] == (nominal - position.step) * 2 * 16
 
 
 def test_newer_checkpoints_supersede_mid_epoch_ones(tmp_path):

@@ -22,13 +22,27 @@ class Position:
     epoch: int
     step: int = 0
     segments: list[int] = field(default_factory=lambda: [0])
+    world: int = 0  # ranks when the checkpoint was taken
+    samples_left: int = 0  # resampled mode: samples the interrupted epoch still owed
 
     def to_dict(self) -> dict:
-        return {"epoch": self.epoch, "step": self.step, "segments": list(self.segments)}
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "segments": list(self.segments),
+            "world": self.world,
+            "samples_left": self.samples_left,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> Position:
-        return cls(int(data["epoch"]), int(data["step"]), [int(s) for s in data["segments"]])
+        return cls(
+            int(data["epoch"]),
+            int(data["step"]),
+            [int(s) for s in data["segments"]],
+            int(data.get("world", 0)),
+            int(data.get("samples_left", 0)),
+        )
 
 
 def epoch_folder(run_dir: str | Path, epoch: int) -> Path:

@@ -224,12 +224,24 @@ class Trainer:
         stream = self.train_loader.stream
         self.train_loader.set_epoch(epoch)
         stream.skip_keys, stream.resume_tag = frozenset(), ""
+        changed = bool(position.step and position.world and position.world != self.info.world)
         if not self.split:
-            self.train_loader.batches = self.epoch_batches(epoch) - position.step
+            remaining = self.epoch_batches(epoch) - position.step
+            if changed:
+                remaining = position.samples_left // (self.cfg.data.batch_size * self.info.world)
+            self.train_loader.batches = remaining
             if position.step:
                 stream.resume_tag = f":resume{position.step}"
         elif position.step:
             stream.skip_keys = frozenset(consumed_keys(self.run_dir, position))
+        if changed and self.info.is_main:
+            what = (
+                f"the {len(stream.skip_keys)} samples already seen are skipped and the rest split over the new ranks"
+                if self.split
+                else f"continuing with {self.train_loader.batches} batches per rank, the "
+                f"{position.samples_left} samples the epoch still owed"
+            )
+            print(f"world size changed from {position.world} to {self.info.world} mid-epoch: {what}", flush=True)
         if position.step:
             position = Position(epoch, position.step, [*position.segments, position.step])
         return position
@@ -261,7 +273,8 @@ class Trainer:
                     keys.extend(batch_keys)
                 bar.update()
                 if every and batches % every == 0 and batches < steps:
-                    self.save(epoch - 1, Position(epoch, batches, position.segments))
+                    owed = (loader.batches - (batches - start)) * self.global_batch if loader.batches else 0
+                    self.save(epoch - 1, Position(epoch, batches, position.segments, info.world, owed))
         if key_log:
             key_log.close()
         if self.split and info.enabled:
