@@ -115,3 +115,16 @@ def test_loader_reads_shards_over_http_from_nginx(shard_server, digit_shards):
     over_http = sorted(keys_of(EpochLoader(stream(source.val_urls), workers=2)))
     assert over_http == sorted(keys_of(EpochLoader(stream(local.val_urls), workers=0)))
     assert len(over_http) == 359
+
+
+def test_queue_mode_in_one_process_hands_every_shard_to_exactly_one_worker(digit_shards):
+    from imagenet_train.data import worker_context
+    from imagenet_train.queue import LocalQueue
+
+    source = resolve_source(str(digit_shards))
+    queue = LocalQueue(worker_context())
+    for epoch in (0, 1):
+        loader = EpochLoader(stream(source.train_urls, queue=queue), workers=3)
+        loader.set_epoch(epoch)
+        seen = Counter(keys_of(loader))
+        assert len(seen) == 1438 and set(seen.values()) == {1}

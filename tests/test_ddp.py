@@ -89,3 +89,16 @@ def test_resume_continues_the_epoch_count_and_the_metrics(digit_shards, tmp_path
     assert [m["epoch"] for m in metrics] == [0, 1, 2]
     assert metrics[1]["lr"] < metrics[0]["lr"]  # the schedule went on where it stopped
     assert (run_dir / "checkpoints" / "epoch-0002.pt").exists()
+
+
+def test_queue_mode_hands_out_uneven_shards_at_run_time_each_sample_once(digit_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    result = torchrun(
+        ["--shards", str(digit_shards), "--mode", "queue", "--run-dir", str(run_dir), "--epochs", "2", *SMALL],
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for m in read_metrics(run_dir):
+        seen = keys(run_dir, "train", m["epoch"])
+        assert len(seen) == 1438 and set(seen.values()) == {1}
+        assert m["train_samples"] == 1438 and m["replicas_in_sync"] is True

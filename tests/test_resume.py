@@ -91,10 +91,10 @@ def _checkpoint_position(run_dir: Path) -> Position:
     return Position.from_dict(state["position"])
 
 
-@pytest.mark.parametrize("ranks_after", [2, 1])
-def test_split_mode_resumed_mid_epoch_sees_every_sample_exactly_once(digit_shards, tmp_path, ranks_after):
+@pytest.mark.parametrize(("mode", "ranks_after"), [("split", 2), ("split", 1), ("queue", 2)])
+def test_exact_modes_resumed_mid_epoch_see_every_sample_exactly_once(digit_shards, tmp_path, mode, ranks_after):
     run_dir = tmp_path / "run"
-    args = ["--shards", str(digit_shards), "--mode", "split", "--run-dir", str(run_dir), *ARGS]
+    args = ["--shards", str(digit_shards), "--mode", mode, "--run-dir", str(run_dir), *ARGS]
     code = run_until_killed(args, run_dir, tmp_path)
     assert code != 0, "the first part should have been killed mid-epoch"
     position = _checkpoint_position(run_dir)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from .errors import ImagenetTrainError
 
-MODES = ("resampled", "split")
+MODES = ("resampled", "split", "queue")
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 
 

@@ -141,8 +141,9 @@ class ShardStream(IterableDataset):
     """One rank's stream of batches, built in each DataLoader worker.
 
     `resampled`: each worker draws shards at random with replacement, forever (the loader sets the
-    epoch length). Otherwise shards are permuted per epoch identically on all ranks, then split over
-    ranks and workers, so every sample is read exactly once per epoch.
+    epoch length). With a `queue`, workers claim the next shard of the epoch's order at run time.
+    Otherwise shards are permuted per epoch identically on all ranks, then split over ranks and
+    workers. Both of the latter read every sample exactly once per epoch.
     """
 
     urls: Sequence[str]
@@ -158,6 +159,7 @@ class ShardStream(IterableDataset):
     epoch: int = 0
     skip_keys: frozenset = frozenset()  # consumed before a mid-epoch checkpoint: read, never decoded
     resume_tag: str = ""  # a resumed resampled epoch draws fresh shards, deterministically
+    queue: object = None  # a shard queue (queue.StoreQueue / LocalQueue) for --mode queue
 
     def __post_init__(self):
         self.corrupt = worker_context().Value("q", 0)
@@ -170,6 +172,10 @@ class ShardStream(IterableDataset):
         order = (
             plan.epoch_order(len(self.urls), self.seed, self.epoch) if self.shuffle_shards else range(len(self.urls))
         )
+        if self.queue is not None:
+            while (position := self.queue.claim(self.epoch)) < len(self.urls):
+                yield self.urls[order[position]]
+            return
         for shard in plan.worker_shards(list(order), self.rank, self.world, worker, workers):
             yield self.urls[shard]
 
@@ -204,7 +210,8 @@ class EpochLoader:
         if stream.resampled and not batches:
             raise ImagenetTrainError("resampled loading needs an epoch length in batches")
         self.stream, self.batches = stream, batches
-        self.workers = workers if stream.resampled else plan.loader_workers(stream.rank_shards(), workers)
+        dynamic = stream.resampled or stream.queue is not None
+        self.workers = workers if dynamic else plan.loader_workers(stream.rank_shards(), workers)
         self.pin_memory, self.mix_buffer, self.timeout = pin_memory, mix_buffer, timeout
 
     def set_epoch(self, epoch: int) -> None:

@@ -144,6 +144,13 @@ def _rank_plans(setup: Setup) -> list[RankPlan]:
                 )
             )
         return ranks
+    if setup.mode == "queue":
+        # Shards go to whichever worker asks first: only the even share of each rank can be planned.
+        for rank in range(setup.world):
+            share = len(assigned(range(sum(sizes)), rank, setup.world))
+            full, partial = share // setup.batch_size, 1 if share % setup.batch_size else 0
+            ranks.append(RankPlan(rank, (), setup.workers, share, full, partial, full + partial, ()))
+        return ranks
     order = epoch_order(len(sizes), setup.seed, setup.epoch)
     for rank in range(setup.world):
         mine = assigned(order, rank, setup.world)
@@ -173,8 +180,8 @@ def assess(setup: Setup) -> Assessment:
     """Per-rank shards and batches for one epoch, what is dropped or repeated, and whether DDP will hang."""
     if setup.world < 1 or setup.batch_size < 1 or setup.workers < 0:
         raise ImagenetTrainError("plan: nodes, gpus per node and batch size must be at least 1")
-    if setup.mode not in ("resampled", "split"):
-        raise ImagenetTrainError(f"plan: --mode must be resampled or split, got '{setup.mode}'")
+    if setup.mode not in ("resampled", "split", "queue"):
+        raise ImagenetTrainError(f"plan: --mode must be resampled, split or queue, got '{setup.mode}'")
     if not setup.shard_sizes:
         raise ImagenetTrainError("plan: no shards")
     ranks = _rank_plans(setup)
@@ -197,6 +204,21 @@ def assess(setup: Setup) -> Assessment:
                 "for a later epoch; every rank gets exactly the same number of batches"
             )
         return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, verdict, tuple(notes), fix)
+    if setup.mode == "queue":
+        notes.append(
+            "queue: shards are handed out at run time, so a rank's batches follow its speed; the "
+            "counts above are even shares, every sample is read once"
+        )
+        if not setup.join and setup.world > 1:
+            verdict = "WILL HANG: queue mode gives ranks different batch counts and the step has no Join"
+            fix = "run the step under Join (imagenet-train does) or use --mode resampled"
+        elif len(setup.shard_sizes) < setup.world * max(setup.workers, 1):
+            verdict = (
+                f"WARN: {len(setup.shard_sizes)} shards for {setup.world * max(setup.workers, 1)} workers: "
+                "some workers never get a shard"
+            )
+            fix = "more, smaller shards (lower --maxcount)"
+        return Assessment(setup, tuple(ranks), total, 0, 0, verdict, tuple(notes), fix)
     idle_ranks = [r.rank for r in ranks if not r.shards]
     idle_workers = [(r.rank, setup.workers - r.workers) for r in ranks if r.shards and r.workers < setup.workers]
     if idle_workers:

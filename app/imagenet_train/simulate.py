@@ -22,7 +22,18 @@ class SimulatedRank:
     opened: list[list[str]] = field(default_factory=list)  # per worker, shard URLs in the order opened
 
 
-def _stream(urls: list[str], setup: plan.Setup, rank: int) -> ShardStream:
+class _Counter:
+    """The queue's counter for streams that all live in this process."""
+
+    def __init__(self):
+        self.next = 0
+
+    def claim(self, epoch: int) -> int:
+        self.next += 1
+        return self.next - 1
+
+
+def _stream(urls: list[str], setup: plan.Setup, rank: int, queue=None) -> ShardStream:
     return ShardStream(
         urls=urls,
         transform=None,
@@ -33,7 +44,31 @@ def _stream(urls: list[str], setup: plan.Setup, rank: int) -> ShardStream:
         seed=setup.seed,
         epoch=setup.epoch,
         retries=1,
+        queue=queue,
     )
+
+
+def _simulate_queue(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
+    """All ranks' workers claim shards from one counter, taking turns sample by sample."""
+    counter, workers = _Counter(), max(setup.workers, 1)
+    results = [SimulatedRank(rank, opened=[[] for _ in range(workers)]) for rank in range(setup.world)]
+    streams, counts = {}, {}
+    for rank in range(setup.world):
+        stream = _stream(urls, setup, rank, counter)
+        for worker in range(workers):
+            shard_urls = _recording(stream.shard_urls(worker, workers), results[rank].opened[worker])
+            streams[rank, worker] = read_shards(shard_urls, retries=1)
+            counts[rank, worker] = 0
+    while streams:
+        for slot in list(streams):
+            if next(streams[slot], None) is None:
+                del streams[slot]
+            else:
+                counts[slot] += 1
+    for (rank, _), samples in counts.items():
+        results[rank].samples += samples
+        results[rank].batches += -(-samples // setup.batch_size)
+    return results
 
 
 def _recording(urls, opened: list[str]):
@@ -44,6 +79,8 @@ def _recording(urls, opened: list[str]):
 
 def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
     """Batches and samples each virtual rank really gets in one epoch of `setup`."""
+    if setup.mode == "queue":
+        return _simulate_queue(urls, setup)
     results = []
     for rank in range(setup.world):
         stream = _stream(urls, setup, rank)

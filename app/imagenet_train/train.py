@@ -18,11 +18,12 @@ from tqdm import tqdm
 from . import checkpoint, plan
 from .compat import ensure_torchvision
 from .config import Config
-from .data import DataSource, EpochLoader, ShardStream, resolve_source
+from .data import DataSource, EpochLoader, ShardStream, resolve_source, worker_context
 from .dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
 from .errors import ImagenetTrainError
 from .position import KeyLog, Position, consumed_keys
 from .presets import TrainPreset, ValPreset, normalize
+from .queue import job_queue
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ class Trainer:
     def __init__(self, cfg: Config, info: DistInfo, source: DataSource):
         self.cfg, self.info, self.source = cfg, info, source
         data, run = cfg.data, cfg.run
-        self.split = data.mode == "split"
+        # split and queue read every sample once per epoch, with uneven batch counts evened out by Join.
+        self.exact = data.mode in ("split", "queue")
         self.run_dir = Path(run.run_dir)
         torch.manual_seed(run.seed)  # identical initial weights on every rank
         model = build_model(run.arch, source.num_classes).to(info.device)
@@ -120,7 +122,8 @@ class Trainer:
             batch_size=data.batch_size,
             rank=info.rank,
             world=info.world,
-            resampled=not self.split,
+            resampled=not self.exact,
+            queue=self._queue(),
             shuffle_buffer=data.shuffle_buffer,
             seed=self.cfg.run.seed,
             retries=data.retries,
@@ -128,11 +131,20 @@ class Trainer:
         return EpochLoader(
             stream,
             data.workers,
-            None if self.split else self.epoch_batches(0),
+            None if self.exact else self.epoch_batches(0),
             pin_memory=info.device.type == "cuda",
             mix_buffer=data.shuffle_buffer,
             timeout=data.loader_timeout,
         )
+
+    def _queue(self):
+        """The run's shard queue in queue mode, under a name no earlier attempt of this run used."""
+        if self.cfg.data.mode != "queue":
+            return None
+        generation = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+        if self.info.enabled:
+            dist.broadcast(generation, src=0)
+        return job_queue(f"imagenet-train/queue/{int(generation)}", self.info.world, worker_context())
 
     def _val_loader(self) -> EpochLoader | None:
         if not self.source.val_urls:
@@ -154,12 +166,13 @@ class Trainer:
     def epoch_batches(self, epoch: int) -> int:
         """Steps in an epoch for the schedule: the same number on every rank."""
         data, info = self.cfg.data, self.info
-        if not self.split:
+        if not self.exact:
             return data.epoch_batches or plan.resampled_epoch_batches(
                 self.source.train_samples, data.batch_size, info.world
             )
-        if self.source.train_sizes is None:
-            return max(1, math.ceil(self.source.train_samples / self.global_batch))
+        if self.source.train_sizes is None or self.cfg.data.mode == "queue":
+            # Queue mode: ranks take what they can; this is the schedule's estimate of a rank's share.
+            return max(1, math.ceil(self.source.train_samples / self.global_batch)) + (self.cfg.data.workers or 1)
         ranks = plan.split_epoch(
             self.source.train_sizes, info.world, data.workers, data.batch_size, self.cfg.run.seed, epoch
         )
@@ -225,7 +238,7 @@ class Trainer:
         self.train_loader.set_epoch(epoch)
         stream.skip_keys, stream.resume_tag = frozenset(), ""
         changed = bool(position.step and position.world and position.world != self.info.world)
-        if not self.split:
+        if not self.exact:
             remaining = self.epoch_batches(epoch) - position.step
             if changed:
                 remaining = position.samples_left // (self.cfg.data.batch_size * self.info.world)
@@ -237,7 +250,7 @@ class Trainer:
         if changed and self.info.is_main:
             what = (
                 f"the {len(stream.skip_keys)} samples already seen are skipped and the rest split over the new ranks"
-                if self.split
+                if self.exact
                 else f"continuing with {self.train_loader.batches} batches per rank, the "
                 f"{position.samples_left} samples the epoch still owed"
             )
@@ -256,11 +269,11 @@ class Trainer:
         samples, batches, lr, keys = 0, start, self.base_lr, []
         corrupt_before = loader.corrupt_samples
         every = self.cfg.run.checkpoint_every
-        key_log = KeyLog(self.run_dir, epoch, info.rank, start) if self.split else None
+        key_log = KeyLog(self.run_dir, epoch, info.rank, start) if self.exact else None
         bar = tqdm(
             total=steps, initial=start, desc=f"epoch {epoch}", unit="batch", disable=not info.is_main, mininterval=2
         )
-        join = Join([self.ddp]) if self.split and info.enabled else contextlib.nullcontext()
+        join = Join([self.ddp]) if self.exact and info.enabled else contextlib.nullcontext()
         with bar, join:
             for images, labels, batch_keys in loader:
                 if key_log:
@@ -277,7 +290,7 @@ class Trainer:
                     self.save(epoch - 1, Position(epoch, batches, position.segments, info.world, owed))
         if key_log:
             key_log.close()
-        if self.split and info.enabled:
+        if self.exact and info.enabled:
             self._sync_optimizer_state(batches)
         self._write_keys("train", epoch, keys)
         total_loss, total_samples, corrupt = all_sum(
