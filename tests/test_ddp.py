@@ -102,3 +102,17 @@ def test_queue_mode_hands_out_uneven_shards_at_run_time_each_sample_once(digit_s
         seen = keys(run_dir, "train", m["epoch"])
         assert len(seen) == 1438 and set(seen.values()) == {1}
         assert m["train_samples"] == 1438 and m["replicas_in_sync"] is True
+
+
+def test_training_by_samples_seen_gives_equal_batches_per_interval(digit_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--total-samples", "1000", "--epoch-batches", "10", "--eval-every", "2"]
+    # The last --batch-size wins: 16 per rank, a global batch of 32.
+    result = torchrun(["--shards", str(digit_shards), "--run-dir", str(run_dir), *args, *SMALL, "--batch-size", "16"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    # 1000 samples in global batches of 32: 31 steps, in intervals of 10 (the last one shorter).
+    assert [m["batches_per_rank"] for m in metrics] == [[10, 10], [10, 10], [10, 10], [1, 1]]
+    assert [m["samples_seen"] for m in metrics] == [320, 640, 960, 992]
+    assert metrics[-1]["lr"] < 0.01 * metrics[0]["lr"]  # the cosine schedule ran its course in samples
+    assert "top1" in metrics[1] and "top1" in metrics[3] and "top1" not in metrics[0]

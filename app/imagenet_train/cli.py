@@ -46,6 +46,8 @@ HELP = {
     "resume": "'latest' (newest checkpoint in --run-dir) or a checkpoint path",
     "checkpoint_every": "also checkpoint every N batches inside an epoch, for mid-epoch resume (0: epoch ends only)",
     "eval_every": "evaluate every N epochs (and after the last)",
+    "total_samples": "train for this many samples instead of --epochs (resampled mode; evaluation, checkpoints "
+    "and metrics every --epoch-batches batches)",
     "force": "run even when the pre-flight check says the configuration will hang",
     "log_keys": "debug: record every sample key read, per rank and epoch, under RUN_DIR/keys",
 }

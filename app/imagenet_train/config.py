@@ -54,6 +54,7 @@ class RunConfig:
     eval_every: int = 1
     checkpoint_every: int = 0  # also checkpoint every N batches inside an epoch (0: at epoch ends only)
     log_keys: bool = False  # debug: write every sample key read, per rank and epoch
+    total_samples: int = 0  # train by samples seen instead of --epochs (resampled; intervals of --epoch-batches)
     force: bool = False  # run even when the pre-flight plan says the job will hang
 
 
@@ -80,6 +81,8 @@ class Config:
                 raise ImagenetTrainError(f"--{name.replace('_', '-')}: must be at least 1")
         if data.workers < 0 or self.run.epochs < 1:
             raise ImagenetTrainError("--workers must be >= 0 and --epochs >= 1")
+        if self.run.total_samples and data.mode != "resampled":
+            raise ImagenetTrainError("--total-samples: needs --mode resampled (an endless stream of equal batches)")
         if not 0 < data.min_crop_scale <= 1:
             raise ImagenetTrainError("--min-crop-scale: expected a fraction in (0, 1]")
         return self

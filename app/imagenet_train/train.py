@@ -166,6 +166,9 @@ class Trainer:
     def epoch_batches(self, epoch: int) -> int:
         """Steps in an epoch for the schedule: the same number on every rank."""
         data, info = self.cfg.data, self.info
+        if self.cfg.run.total_samples:
+            interval = self.interval_batches()
+            return min(interval, self.total_batches() - epoch * interval)
         if not self.exact:
             return data.epoch_batches or plan.resampled_epoch_batches(
                 self.source.train_samples, data.batch_size, info.world
@@ -213,7 +216,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "schedule": {"base_lr": self.base_lr, "epochs": self.cfg.run.epochs},
+            "schedule": {"base_lr": self.base_lr, "epochs": self.epochs, "total_batches": self.total_batches()},
             "config": json.loads(self.cfg.to_json()),
         }
         step = position.step if position else None
@@ -222,10 +225,35 @@ class Trainer:
         checkpoint.prune_steps(str(self.run_dir), keep=path)
 
     # -- one epoch ----------------------------------------------------------------------------
+    @property
+    def epochs(self) -> int:
+        """Epochs to run; with --total-samples, intervals of --epoch-batches (the last one shorter)."""
+        if not self.cfg.run.total_samples:
+            return self.cfg.run.epochs
+        return math.ceil(self.total_batches() / self.interval_batches())
+
+    def interval_batches(self) -> int:
+        """Batches per rank in one full epoch (or one interval of a --total-samples run)."""
+        return (
+            self.epoch_batches(0)
+            if not self.cfg.run.total_samples
+            else (
+                self.cfg.data.epoch_batches
+                or plan.resampled_epoch_batches(self.source.train_samples, self.cfg.data.batch_size, self.info.world)
+            )
+        )
+
+    def total_batches(self) -> int:
+        """Optimizer steps of the whole run: the schedule's length."""
+        if self.cfg.run.total_samples:
+            return max(1, self.cfg.run.total_samples // self.global_batch)
+        return self.cfg.run.epochs * self.interval_batches()
+
     def set_lr(self, epoch: int, step: int, steps: int) -> float:
-        total = self.cfg.run.epochs * steps
-        warmup = round(self.cfg.optim.warmup_epochs * steps)
-        lr = plan.lr_at(epoch * steps + min(step, steps - 1), total, warmup, self.base_lr)
+        """Warmup then cosine over the run's global steps; identical on every rank at every step."""
+        nominal = self.interval_batches()
+        warmup = round(self.cfg.optim.warmup_epochs * nominal)
+        lr = plan.lr_at(epoch * nominal + min(step, steps - 1), self.total_batches(), warmup, self.base_lr)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
@@ -401,6 +429,8 @@ class Trainer:
             "train_samples": self.source.train_samples,
             "num_classes": self.source.num_classes,
             "epoch_batches": self.epoch_batches(self.start_epoch),
+            "epochs": self.epochs,
+            "total_batches": self.total_batches(),
             "device": str(self.info.device),
             "amp": str(self.amp),
         }
@@ -410,11 +440,14 @@ class Trainer:
         self.resume()
         self.write_config()
         last: dict = {}
-        for epoch in range(self.start_epoch, self.cfg.run.epochs):
+        for epoch in range(self.start_epoch, self.epochs):
             started = time.time()
             record = {"epoch": epoch, **self.train_epoch(epoch)}
-            if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.cfg.run.epochs:
+            if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.epochs:
                 record.update(self.evaluate(epoch))
+            if self.cfg.run.total_samples:
+                done = min(self.total_batches(), (epoch + 1) * self.interval_batches())
+                record["samples_seen"] = done * self.global_batch
             record["replicas_in_sync"] = self.replicas_in_sync()
             record["epoch_time_s"] = round(time.time() - started, 3)
             record["samples_per_s"] = round(record["train_samples"] / max(record["epoch_time_s"], 1e-9), 1)
