@@ -19,6 +19,22 @@ from imagenet_train.serve import NginxServer
 from imagenet_train.shards import ShardOptions, convert
 
 REPO = Path(__file__).resolve().parents[1]
+# A small, quick training configuration for the digits; later options override these (argparse: last wins).
+SMALL_TRAIN = [
+    "--arch",
+    "resnet18",
+    "--image-size",
+    "32",
+    "--val-resize",
+    "32",
+    "--batch-size",
+    "32",
+    "--workers",
+    "2",
+    "--no-hflip",
+    "--shuffle-buffer",
+    "200",
+]
 
 
 def jpeg_bytes(seed: int = 0, size: tuple[int, int] = (40, 30), mode: str = "RGB", fmt: str = "JPEG") -> bytes:

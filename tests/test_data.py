@@ -46,7 +46,8 @@ def test_split_mode_sees_every_sample_once_per_epoch_over_all_ranks(digit_shards
 
 def test_split_mode_batch_counts_match_the_plan(digit_shards):
     source = resolve_source(str(digit_shards))
-    predicted = plan.split_epoch(source.train_sizes, world=2, workers=2, batch_size=16, seed=0, epoch=1)
+    setup = plan.Setup(tuple(source.train_sizes), gpus_per_node=2, workers=2, batch_size=16, mode="split", epoch=1)
+    predicted = plan.rank_plans(setup)
     for rank in range(2):
         loader = EpochLoader(stream(source.train_urls, rank, 2), workers=2)
         loader.set_epoch(1)

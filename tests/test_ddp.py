@@ -6,24 +6,9 @@ from collections import Counter
 from imagenet_train import plan
 from imagenet_train.index import load_index
 
-from conftest import read_metrics, torchrun
+from conftest import SMALL_TRAIN, read_metrics, torchrun
 
-SMALL = [
-    "--arch",
-    "resnet18",
-    "--image-size",
-    "32",
-    "--val-resize",
-    "32",
-    "--batch-size",
-    "32",
-    "--workers",
-    "2",
-    "--no-hflip",
-    "--log-keys",
-    "--shuffle-buffer",
-    "200",
-]
+SMALL = [*SMALL_TRAIN, "--log-keys"]
 
 
 def keys(run_dir, split, epoch):
@@ -70,7 +55,8 @@ def test_split_mode_with_uneven_shards_sees_every_sample_once_and_never_hangs(di
         epoch = m["epoch"]
         seen = keys(run_dir, "train", epoch)
         assert len(seen) == 1438 and set(seen.values()) == {1}
-        predicted = [r.batches for r in plan.split_epoch(sizes, 2, 2, 32, seed=0, epoch=epoch)]
+        setup = plan.Setup(tuple(sizes), gpus_per_node=2, workers=2, batch_size=32, mode="split", epoch=epoch)
+        predicted = [r.batches for r in plan.rank_plans(setup)]
         assert m["batches_per_rank"] == predicted
         unequal |= len(set(predicted)) > 1
         assert m["replicas_in_sync"] is True  # Join + optimizer-state sync kept the replicas identical

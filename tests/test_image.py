@@ -18,7 +18,7 @@ import pytest
 
 from imagenet_train.serve import NginxServer
 
-from conftest import REPO, read_metrics
+from conftest import REPO, SMALL_TRAIN, read_metrics
 
 STAGE0 = "localhost/imagenet-train-stage0:bookworm"
 TESTBASE = "localhost/imagenet-train-testbase:torch2.13.0"
@@ -247,12 +247,7 @@ def test_two_process_training_in_the_container_reads_host_nginx_and_writes_resul
             "1",
             "--epoch-batches",
             "4",
-            "--arch",
-            "resnet18",
-            "--image-size",
-            "32",
-            "--val-resize",
-            "32",
+            *SMALL_TRAIN,
             "--batch-size",
             "16",
             "--workers",

@@ -37,7 +37,9 @@ def test_split_assigns_every_shard_to_exactly_one_rank_and_worker(nshards, world
 )
 @settings(max_examples=200, deadline=None)
 def test_split_epoch_counts_every_sample_once_and_batches_per_worker(sizes, world, workers, batch):
-    ranks = plan.split_epoch(sizes, world, workers, batch)
+    ranks = plan.rank_plans(
+        plan.Setup(tuple(sizes), gpus_per_node=world, workers=workers, batch_size=batch, mode="split")
+    )
     assert sum(r.samples for r in ranks) == sum(sizes)
     for r in ranks:
         assert math.ceil(r.samples / batch) <= r.batches <= math.ceil(r.samples / batch) + max(r.workers, 1) - 1

@@ -14,20 +14,12 @@ import torch
 from imagenet_train import plan
 from imagenet_train.position import Position, consumed_keys
 
-from conftest import read_metrics, torchrun
+from conftest import SMALL_TRAIN, read_metrics, torchrun
 
 ARGS = [
-    "--arch",
-    "resnet18",
-    "--image-size",
-    "32",
-    "--val-resize",
-    "32",
+    *SMALL_TRAIN,
     "--batch-size",
     "16",
-    "--workers",
-    "2",
-    "--no-hflip",
     "--shuffle-buffer",
     "100",
     "--checkpoint-every",

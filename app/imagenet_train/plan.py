@@ -43,42 +43,6 @@ def resampled_epoch_batches(total_samples: int, batch_size: int, world_size: int
     return batches
 
 
-@dataclass(frozen=True)
-class RankSplit:
-    """What one rank reads in one epoch of split mode."""
-
-    rank: int
-    shards: tuple[int, ...]
-    samples: int
-    workers: int
-    batches: int
-
-
-def split_epoch(
-    shard_sizes: Sequence[int], world: int, workers: int, batch_size: int, seed: int = 0, epoch: int = 0
-) -> list[RankSplit]:
-    """Per-rank shards, samples and batches for one split-mode epoch (partial batches kept per worker)."""
-    order = epoch_order(len(shard_sizes), seed, epoch)
-    ranks = []
-    for rank in range(world):
-        mine = assigned(order, rank, world)
-        nworkers = loader_workers(len(mine), workers)
-        batches = 0
-        for worker in range(max(nworkers, 1)):
-            samples = sum(shard_sizes[s] for s in assigned(mine, worker, max(nworkers, 1)))
-            batches += math.ceil(samples / batch_size)
-        ranks.append(
-            RankSplit(
-                rank=rank,
-                shards=tuple(mine),
-                samples=sum(shard_sizes[s] for s in mine),
-                workers=nworkers,
-                batches=batches,
-            )
-        )
-    return ranks
-
-
 def lr_at(step: int, total_steps: int, warmup_steps: int, base_lr: float, final_lr: float = 0.0) -> float:
     """Learning rate at a global step: linear warmup from ~0, then cosine decay to `final_lr`."""
     if warmup_steps > 0 and step < warmup_steps:
@@ -132,7 +96,8 @@ class Assessment:
     fix: str
 
 
-def _rank_plans(setup: Setup) -> list[RankPlan]:
+def rank_plans(setup: Setup) -> list[RankPlan]:
+    """Each rank's shards, workers, samples and batches for one epoch of `setup` (no verdict)."""
     sizes = setup.shard_sizes
     ranks = []
     if setup.mode == "resampled":
@@ -184,7 +149,7 @@ def assess(setup: Setup) -> Assessment:
         raise ImagenetTrainError(f"plan: --mode must be resampled, split or queue, got '{setup.mode}'")
     if not setup.shard_sizes:
         raise ImagenetTrainError("plan: no shards")
-    ranks = _rank_plans(setup)
+    ranks = rank_plans(setup)
     total = sum(setup.shard_sizes)
     counts = [r.batches for r in ranks]
     notes: list[str] = []

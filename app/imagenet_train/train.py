@@ -176,9 +176,16 @@ class Trainer:
         if self.source.train_sizes is None or self.cfg.data.mode == "queue":
             # Queue mode: ranks take what they can; this is the schedule's estimate of a rank's share.
             return max(1, math.ceil(self.source.train_samples / self.global_batch)) + (self.cfg.data.workers or 1)
-        ranks = plan.split_epoch(
-            self.source.train_sizes, info.world, data.workers, data.batch_size, self.cfg.run.seed, epoch
+        setup = plan.Setup(
+            tuple(self.source.train_sizes),
+            gpus_per_node=info.world,
+            workers=data.workers,
+            batch_size=data.batch_size,
+            mode="split",
+            seed=self.cfg.run.seed,
+            epoch=epoch,
         )
+        ranks = plan.rank_plans(setup)
         return max(r.batches for r in ranks)
 
     # -- checkpoints --------------------------------------------------------------------------
