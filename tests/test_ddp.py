@@ -102,3 +102,29 @@ def test_training_by_samples_seen_gives_equal_batches_per_interval(digit_shards,
     assert [m["samples_seen"] for m in metrics] == [320, 640, 960, 992]
     assert metrics[-1]["lr"] < 0.01 * metrics[0]["lr"]  # the cosine schedule ran its course in samples
     assert "top1" in metrics[1] and "top1" in metrics[3] and "top1" not in metrics[0]
+
+
+def test_split_mode_cut_at_a_fixed_epoch_length_with_repeat_gives_every_rank_the_same_batches(digit_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    # The classic simdist fix: ranks hold 23-24 batches per pass; 30 per epoch needs the shards read twice.
+    args = ["--mode", "split", "--epoch-batches", "30", "--repeat", "2", "--epochs", "1", "--eval-every", "5"]
+    result = torchrun(["--shards", str(digit_shards), "--run-dir", str(run_dir), *args, *SMALL])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_metrics(run_dir)[0]["batches_per_rank"] == [30, 30]
+    refused = torchrun(
+        [
+            "--shards",
+            str(digit_shards),
+            "--run-dir",
+            str(tmp_path / "r2"),
+            "--mode",
+            "split",
+            "--epoch-batches",
+            "30",
+            "--epochs",
+            "1",
+            *SMALL,
+        ]
+    )
+    assert refused.returncode == 0  # under Join a short rank is only a warning, never a hang
+    assert "pre-flight: WARN: 2 ranks run out before --epoch-batches 30" in refused.stderr

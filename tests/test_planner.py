@@ -38,24 +38,26 @@ def write_shards(folder, sizes) -> list[str]:
     batch=st.integers(1, 9),
     mode=st.sampled_from(["split", "resampled", "queue"]),
     epoch=st.integers(0, 2),
+    cut=st.integers(0, 6),
+    repeat=st.integers(1, 2),
 )
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_planned_batches_equal_what_the_real_loaders_give(
-    tmp_path_factory, sizes, nodes, gpus, workers, batch, mode, epoch
+    tmp_path_factory, sizes, nodes, gpus, workers, batch, mode, epoch, cut, repeat
 ):
     if mode == "resampled" and sum(sizes) == 0:
         sizes = [*sizes[:-1], 1]
     urls = write_shards(tmp_path_factory.mktemp("shards"), sizes)
-    setup = plan.Setup(
-        tuple(sizes), nodes, gpus, workers, batch, mode, epoch=epoch, epoch_batches=3 if mode == "resampled" else 0
-    )
+    if mode != "split":
+        cut, repeat = (3 if mode == "resampled" else 0), 1
+    setup = plan.Setup(tuple(sizes), nodes, gpus, workers, batch, mode, epoch=epoch, epoch_batches=cut, repeat=repeat)
     assessment = plan.assess(setup)
     simulated = simulate(urls, setup)
     if mode != "queue":  # queue shares follow rank speed; what is promised is every sample once
         assert [r.batches for r in assessment.ranks] == [s.batches for s in simulated]
     if mode == "resampled":
         assert len({s.batches for s in simulated}) == 1  # every rank the same, always
-    else:
+    elif cut == 0 and repeat == 1:
         assert sum(s.samples for s in simulated) == sum(sizes)  # every sample exactly once
         opened = Counter(url for s in simulated for worker in s.opened for url in worker)
         assert opened == Counter(urls)  # every shard opened exactly once over all ranks and workers
@@ -137,3 +139,18 @@ def test_queue_mode_plan_and_its_hang_without_join():
         plan.Setup((100,) * 8, gpus_per_node=2, workers=2, batch_size=32, mode="queue", join=False)
     ).verdict.startswith("WILL HANG")
     assert plan.assess(plan.Setup((100,) * 3, gpus_per_node=2, workers=2, mode="queue")).verdict.startswith("WARN")
+
+
+def test_flags_a_fixed_epoch_longer_than_the_data_and_suggests_repeat():
+    setup = plan.Setup(
+        (100,) * 10, gpus_per_node=4, workers=2, batch_size=32, mode="split", epoch_batches=10, join=False
+    )
+    assessment = plan.assess(setup)
+    assert assessment.verdict.startswith("WILL HANG: 2 ranks run out before --epoch-batches 10")
+    assert assessment.fix == "--epoch-batches 8 or --repeat 2"
+    fixed = plan.assess(
+        plan.Setup(
+            (100,) * 10, gpus_per_node=4, workers=2, batch_size=32, mode="split", epoch_batches=10, repeat=2, join=False
+        )
+    )
+    assert fixed.verdict == "OK" and [r.batches for r in fixed.ranks] == [10] * 4

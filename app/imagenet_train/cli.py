@@ -28,7 +28,8 @@ HELP = {
     "min_crop_scale": "smallest image area fraction RandomResizedCrop keeps",
     "hflip": "random horizontal flips",
     "shuffle_buffer": "samples in each shuffle buffer",
-    "epoch_batches": "batches per rank per epoch in resampled mode (0: one pass over the data)",
+    "epoch_batches": "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)",
+    "repeat": "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)",
     "retries": "attempts to reach a shard server before failing",
     "loader_timeout": "seconds without a batch from the DataLoader workers before failing (0: wait forever)",
     "lr": "learning rate for a global batch of 256 (scaled linearly)",
@@ -192,6 +193,7 @@ def _plan_setup(args: argparse.Namespace):
         batch_size=args.batch_size,
         mode=args.mode,
         epoch_batches=args.epoch_batches,
+        repeat=args.repeat,
         join=args.join,
         seed=args.seed,
         epoch=args.epoch,
@@ -313,7 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--workers", type=int, default=8, help="DataLoader workers per rank")
     planner.add_argument("--batch-size", type=int, default=256, help="batch size per rank")
     planner.add_argument("--mode", default="resampled", help="resampled, split or queue")
-    planner.add_argument("--epoch-batches", type=int, default=0, help="batches per rank per epoch (resampled)")
+    planner.add_argument(
+        "--epoch-batches",
+        type=int,
+        default=0,
+        help="batches per rank per epoch (resampled: 0 is one pass; split: a cut, 0 is none)",
+    )
+    planner.add_argument("--repeat", type=int, default=1, help="split: times each worker reads its shards per epoch")
     planner.add_argument(
         "--join",
         action=argparse.BooleanOptionalAction,

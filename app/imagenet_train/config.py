@@ -27,7 +27,8 @@ class DataConfig:
     min_crop_scale: float = 0.08
     hflip: bool = True
     shuffle_buffer: int = 1000
-    epoch_batches: int = 0  # 0: one pass over the data per epoch (resampled mode)
+    epoch_batches: int = 0  # 0: one pass over the data; split mode: cut every rank at this many batches
+    repeat: int = 1  # split mode: each worker reads its shards this many times per epoch
     retries: int = 5
     loader_timeout: float = 600.0  # seconds without a batch before the run fails instead of hanging
 

@@ -160,6 +160,7 @@ class ShardStream(IterableDataset):
     skip_keys: frozenset = frozenset()  # consumed before a mid-epoch checkpoint: read, never decoded
     resume_tag: str = ""  # a resumed resampled epoch draws fresh shards, deterministically
     queue: object = None  # a shard queue (queue.StoreQueue / LocalQueue) for --mode queue
+    repeat: int = 1  # split mode: read this worker's shard list this many times per epoch
 
     def __post_init__(self):
         self.corrupt = worker_context().Value("q", 0)
@@ -176,8 +177,9 @@ class ShardStream(IterableDataset):
             while (position := self.queue.claim(self.epoch)) < len(self.urls):
                 yield self.urls[order[position]]
             return
-        for shard in plan.worker_shards(list(order), self.rank, self.world, worker, workers):
-            yield self.urls[shard]
+        for _ in range(self.repeat):
+            for shard in plan.worker_shards(list(order), self.rank, self.world, worker, workers):
+                yield self.urls[shard]
 
     def __iter__(self) -> Iterator[Batch]:
         worker, workers = _worker()
@@ -234,7 +236,7 @@ class EpochLoader:
         batches = iter(loader)
         try:
             if not self.stream.resampled:
-                yield from batches
+                yield from itertools.islice(batches, self.batches) if self.batches else batches
                 return
             # Each worker batch comes from one worker's shards: re-mix samples across workers, then batch.
             rng = random.Random(f"{self.stream.seed}:{self.stream.epoch}:{self.stream.rank}:mix")

@@ -62,7 +62,8 @@ class Setup:
     workers: int = 8
     batch_size: int = 256
     mode: str = "resampled"
-    epoch_batches: int = 0  # 0: one pass over the data (resampled mode)
+    epoch_batches: int = 0  # resampled: 0 is one pass over the data; split: 0 is every shard once, else a cut
+    repeat: int = 1  # split: each worker reads its shard list this many times per epoch
     join: bool = True  # split mode: the step runs under torch.distributed Join (imagenet-train always does)
     seed: int = 0
     epoch: int = 0
@@ -123,21 +124,12 @@ def rank_plans(setup: Setup) -> list[RankPlan]:
         per_worker = [tuple(assigned(mine, w, max(nworkers, 1))) for w in range(max(nworkers, 1))]
         full = partial = 0
         for shards in per_worker:
-            samples = sum(sizes[s] for s in shards)
+            samples = sum(sizes[s] for s in shards) * setup.repeat
             full += samples // setup.batch_size
             partial += 1 if samples % setup.batch_size else 0
-        ranks.append(
-            RankPlan(
-                rank,
-                tuple(mine),
-                nworkers,
-                sum(sizes[s] for s in mine),
-                full,
-                partial,
-                full + partial,
-                tuple(per_worker),
-            )
-        )
+        runs = min(setup.epoch_batches, full + partial) if setup.epoch_batches else full + partial
+        samples = sum(sizes[s] for s in mine) * setup.repeat
+        ranks.append(RankPlan(rank, tuple(mine), nworkers, samples, full, partial, runs, tuple(per_worker)))
     return ranks
 
 
@@ -193,7 +185,7 @@ def assess(setup: Setup) -> Assessment:
             "the loader starts only as many workers as shards"
         )
     if setup.epoch_batches:
-        notes.append("--epoch-batches is ignored in split mode: an epoch is one pass over the shards")
+        return _assess_cut_split(setup, ranks, total, notes)
     if len(set(counts)) > 1 and not setup.join:
         verdict = (
             f"WILL HANG: ranks get {min(counts)}..{max(counts)} batches and the step has no Join; "
@@ -217,6 +209,25 @@ def assess(setup: Setup) -> Assessment:
         )
         fix = "shards that divide evenly over ranks x workers, or --mode resampled"
     return Assessment(setup, tuple(ranks), total, 0, 0, verdict, tuple(notes), fix)
+
+
+def _assess_cut_split(setup: Setup, ranks: list[RankPlan], total: int, notes: list[str]) -> Assessment:
+    """Split mode cut at --epoch-batches (the classic fixed-length epoch): does every rank get there?"""
+    target = setup.epoch_batches
+    available = [r.full_batches + r.partial_batches for r in ranks]
+    consumed = sum(min(target * setup.batch_size, r.samples) for r in ranks)
+    dropped, duplicated = max(0, total - consumed), max(0, consumed - total)
+    short = [r.rank for r, a in zip(ranks, available, strict=True) if a < target]
+    if not short:
+        return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, "OK", tuple(notes), "")
+    per_repeat = min(available) / setup.repeat
+    repeat = math.ceil(target / per_repeat) if per_repeat else 0
+    fixes = [f"--epoch-batches {min(available)}"] + ([f"--repeat {repeat}"] if repeat else [])
+    reason = f"{len(short)} ranks run out before --epoch-batches {target} (rank {short[0]} has {available[short[0]]})"
+    verdict = (
+        f"WILL HANG: {reason} and the step has no Join" if not setup.join else f"WARN: {reason}; Join evens them out"
+    )
+    return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, verdict, tuple(notes), " or ".join(fixes))
 
 
 def format_assessment(assessment: Assessment, show_workers: bool = False) -> str:

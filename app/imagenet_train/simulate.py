@@ -45,6 +45,7 @@ def _stream(urls: list[str], setup: plan.Setup, rank: int, queue=None) -> ShardS
         epoch=setup.epoch,
         retries=1,
         queue=queue,
+        repeat=setup.repeat,
     )
 
 
@@ -95,6 +96,8 @@ def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
                     result.batches += 1
                     result.samples += len(batch)
                 result.opened.append(opened)
+            if setup.epoch_batches and result.batches > setup.epoch_batches:  # the loader's cut, batch-exact
+                result.batches = setup.epoch_batches
         else:
             nominal = plan.assess(setup).ranks[rank].batches
             workers = max(setup.workers, 1)

@@ -106,6 +106,7 @@ class Trainer:
             batch_size=data.batch_size,
             mode=data.mode,
             epoch_batches=data.epoch_batches,
+            repeat=data.repeat,
             seed=self.cfg.run.seed,
         )
         assessment = plan.assess(setup)
@@ -124,6 +125,7 @@ class Trainer:
             world=info.world,
             resampled=not self.exact,
             queue=self._queue(),
+            repeat=data.repeat,
             shuffle_buffer=data.shuffle_buffer,
             seed=self.cfg.run.seed,
             retries=data.retries,
@@ -182,6 +184,8 @@ class Trainer:
             workers=data.workers,
             batch_size=data.batch_size,
             mode="split",
+            epoch_batches=data.epoch_batches,
+            repeat=data.repeat,
             seed=self.cfg.run.seed,
             epoch=epoch,
         )
@@ -280,8 +284,12 @@ class Trainer:
             self.train_loader.batches = remaining
             if position.step:
                 stream.resume_tag = f":resume{position.step}"
-        elif position.step:
-            stream.skip_keys = frozenset(consumed_keys(self.run_dir, position))
+        else:
+            # Split mode may be cut at --epoch-batches (every rank stops there); queue mode never is.
+            cut = self.cfg.data.mode == "split" and self.cfg.data.epoch_batches
+            self.train_loader.batches = self.cfg.data.epoch_batches - position.step if cut else None
+            if position.step:
+                stream.skip_keys = frozenset(consumed_keys(self.run_dir, position))
         if changed and self.info.is_main:
             what = (
                 f"the {len(stream.skip_keys)} samples already seen are skipped and the rest split over the new ranks"
