@@ -51,7 +51,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q --no-deps torchvision==0.28.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs]'
 	touch $(STAMP)
 
 venv: $(STAMP)

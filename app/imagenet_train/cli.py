@@ -44,6 +44,7 @@ HELP = {
     "channels_last": "channels-last memory format on GPU",
     "seed": "seed for weights, shard order and augmentation",
     "run_dir": "directory for config.json, metrics.jsonl and checkpoints",
+    "results": "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)",
     "resume": "'latest' (newest checkpoint in --run-dir) or a checkpoint path",
     "checkpoint_every": "also checkpoint every N batches inside an epoch, for mid-epoch resume (0: epoch ends only)",
     "eval_every": "evaluate every N epochs (and after the last)",
@@ -249,6 +250,36 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 1 if assessment.verdict.startswith("WILL HANG") or mismatches else 0
 
 
+def _transfer(copies, copy, args: argparse.Namespace, verb: str) -> int:
+    from .transfer import run
+
+    todo = [c for c in copies if c.action == "copy"]
+    size = sum(c.size for c in todo)
+    if args.dry_run:
+        for item in copies:
+            print(f"{item.action:4} {item.source} -> {item.target}")
+    else:
+        run(copies, copy, args.workers)
+    done = "would copy" if args.dry_run else verb
+    kept = len(copies) - len(todo)
+    print(f"{done} {len(todo)} files ({size / 1e6:.1f} MB), {kept} already there with the same checksum")
+    return 0
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    from . import gcs
+    from .transfer import plan_upload
+
+    return _transfer(plan_upload(args.directory, args.url), gcs.upload, args, "uploaded and verified")
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from . import gcs
+    from .transfer import plan_sync
+
+    return _transfer(plan_sync(args.url, args.directory), gcs.download, args, "downloaded and verified")
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     from .launch import run
 
@@ -335,6 +366,25 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--show-open", action="store_true", help="with --simulate: shards each worker opened")
     planner.add_argument("--json", action="store_true", help="machine-readable output")
     planner.set_defaults(func=cmd_plan)
+
+    upload = commands.add_parser(
+        "upload",
+        formatter_class=formatter,
+        help="copy a run directory (or any directory) to gs://, skipping identical files",
+    )
+    upload.add_argument("directory", help="local directory, e.g. a run directory")
+    upload.add_argument("url", help="gs://BUCKET/PREFIX")
+    sync = commands.add_parser(
+        "sync",
+        formatter_class=formatter,
+        help="copy a gs:// prefix to a directory (e.g. to fill a shard-server volume)",
+    )
+    sync.add_argument("url", help="gs://BUCKET/PREFIX")
+    sync.add_argument("directory", help="local directory")
+    for transfer, func in ((upload, cmd_upload), (sync, cmd_sync)):
+        transfer.add_argument("--workers", type=int, default=8, help="parallel transfers")
+        transfer.add_argument("--dry-run", action="store_true", help="list what would be copied or skipped")
+        transfer.set_defaults(func=func)
 
     launch = commands.add_parser(
         "launch",

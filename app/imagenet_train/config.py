@@ -51,6 +51,7 @@ class RunConfig:
     channels_last: bool = True  # applied on GPU only
     seed: int = 0
     run_dir: str = "runs/latest"
+    results: str = ""  # gs://BUCKET/PREFIX: mirror the run directory there as training goes
     resume: str = ""  # "", "latest" or a checkpoint path
     eval_every: int = 1
     checkpoint_every: int = 0  # also checkpoint every N batches inside an epoch (0: at epoch ends only)

@@ -1,4 +1,4 @@
-"""Opening URLs: local paths, file://, http(s):// (retried, resumed mid-stream), pipe: and the rest via webdataset."""
+"""Opening URLs: local paths, file://, http(s):// (retried, resumed mid-stream), gs://, pipe: and the rest."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def join(base: str, name: str) -> str:
     if is_url(name) or name.startswith("/") or name.startswith("file://"):
         return name
     if is_url(base) or base.startswith("file://"):
-        return urllib.parse.urljoin(base.rstrip("/") + "/", name)
+        return base.rstrip("/") + "/" + name  # any scheme, gs:// included (urljoin knows only some)
     return os.path.join(base, name)
 
 
@@ -112,6 +112,10 @@ def open_stream(location: str, retries: int = 5) -> BinaryIO:
     scheme = urllib.parse.urlsplit(location).scheme
     if scheme in ("http", "https"):
         return io.BufferedReader(HTTPStream(location, retries=retries), buffer_size=1 << 20)
+    if scheme == "gs":
+        from . import gcs
+
+        return gcs.open_read(location)
     if is_url(location):
         import webdataset
 
@@ -128,5 +132,9 @@ def open_stream(location: str, retries: int = 5) -> BinaryIO:
 
 def read_bytes(location: str, retries: int = 5) -> bytes:
     """Read a whole (small) resource, such as a shard index."""
+    if location.startswith("gs://"):
+        from . import gcs
+
+        return gcs.read_bytes(location)
     with open_stream(location, retries=retries) as stream:
         return stream.read()

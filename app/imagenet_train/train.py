@@ -24,6 +24,7 @@ from .errors import ImagenetTrainError
 from .position import KeyLog, Position, consumed_keys
 from .presets import TrainPreset, ValPreset, normalize
 from .queue import job_queue
+from .results import ResultsUploader, fetch_for_resume
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class Trainer:
         self.val_loader = self._val_loader()
         self.start_epoch = 0
         self.position: Position | None = None  # set when resuming inside an epoch
+        # One uploader per node mirrors its run directory (rank 0's checkpoints, every rank's key logs).
+        self.uploader = ResultsUploader(self.run_dir, run.results) if run.results and info.local_rank == 0 else None
 
     def preflight(self) -> None:
         """The planner's check of this launch; every rank reaches the same verdict from the same inputs."""
@@ -197,6 +200,13 @@ class Trainer:
         wanted = self.cfg.run.resume
         if not wanted:
             return
+        if wanted == "latest" and self.cfg.run.results:
+            if self.info.local_rank == 0:
+                fetched = fetch_for_resume(self.cfg.run.results, self.run_dir)
+                if self.info.is_main:
+                    print(f"fetched {fetched} files from {self.cfg.run.results} to resume", flush=True)
+            if self.info.enabled:
+                dist.barrier()
         path = checkpoint.latest(str(self.run_dir)) if wanted == "latest" else Path(wanted)
         if path is None:
             if self.info.is_main:
@@ -331,6 +341,7 @@ class Trainer:
                 if every and batches % every == 0 and batches < steps:
                     owed = (loader.batches - (batches - start)) * self.global_batch if loader.batches else 0
                     self.save(epoch - 1, Position(epoch, batches, position.segments, info.world, owed))
+                    self.mirror()
         if key_log:
             key_log.close()
         if self.exact and info.enabled:
@@ -473,8 +484,16 @@ class Trainer:
                 print(_summary(record), flush=True)
                 if not record["replicas_in_sync"]:
                     log.error("replicas diverged at epoch %d: weights differ across ranks", epoch)
+            self.mirror()
             last = record
+        if self.uploader:
+            self.uploader.finish()
         return last
+
+    def mirror(self) -> None:
+        """Start uploading what changed in the run directory (a no-op without --results)."""
+        if self.uploader:
+            self.uploader.sync()
 
 
 def _summary(record: dict) -> str:

@@ -1,0 +1,159 @@
+"""Buckets: gs:// through google-cloud-storage against a real gcp-storage-emulator on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from imagenet_train import gcs
+from imagenet_train.data import EpochLoader, ShardStream, resolve_source
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.presets import ValPreset
+from imagenet_train.serve import free_port
+
+from conftest import SMALL_TRAIN, cli, read_metrics, torchrun
+
+BUCKET = "imagenet-train-test"
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    port = free_port()
+    executable = Path(sys.executable).with_name("gcp-storage-emulator")
+    process = subprocess.Popen(
+        [
+            str(executable),
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--in-memory",
+            "--default-bucket",
+            BUCKET,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    host = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{host}/storage/v1/b", timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                pytest.fail("gcp-storage-emulator did not start")
+            time.sleep(0.1)
+    previous = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = host
+    gcs.client.cache_clear()
+    yield host
+    process.terminate()
+    process.wait(timeout=10)
+    gcs.client.cache_clear()
+    if previous is None:
+        os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+        os.environ["STORAGE_EMULATOR_HOST"] = previous
+
+
+@pytest.fixture(scope="module")
+def gs_shards(emulator, digit_shards):
+    url = f"gs://{BUCKET}/shards"
+    result = cli("upload", str(digit_shards), url)
+    assert result.returncode == 0, result.stderr
+    return url
+
+
+def test_round_trip_of_small_and_large_files_is_verified(emulator, tmp_path):
+    small, large = tmp_path / "small.bin", tmp_path / "large.bin"
+    small.write_bytes(b"x" * 100)
+    large.write_bytes(os.urandom(52 * 1024 * 1024))  # several resumable-upload chunks
+    for path in (small, large):
+        info = gcs.upload(str(path), f"gs://{BUCKET}/rt/{path.name}")
+        assert info.size == path.stat().st_size and info.crc32c == gcs.file_crc32c(str(path))
+        back = tmp_path / f"back-{path.name}"
+        gcs.download(f"gs://{BUCKET}/rt/{path.name}", str(back))
+        assert back.read_bytes() == path.read_bytes()
+    assert sorted(o.name for o in gcs.listing(f"gs://{BUCKET}/rt/")) == ["rt/large.bin", "rt/small.bin"]
+
+
+def test_upload_skips_identical_files_and_sync_brings_them_back(gs_shards, digit_shards, tmp_path):
+    files = len(list(digit_shards.iterdir()))
+    again = cli("upload", str(digit_shards), gs_shards)
+    assert "uploaded and verified 0 files" in again.stdout and f"{files} already there" in again.stdout
+    changed = tmp_path / "run"
+    changed.mkdir()
+    (changed / "metrics.jsonl").write_text("{}\n")
+    cli("upload", str(changed), f"gs://{BUCKET}/runs/x")
+    (changed / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    dry = cli("upload", str(changed), f"gs://{BUCKET}/runs/x", "--dry-run")
+    assert "copy " in dry.stdout and "would copy 1 files" in dry.stdout
+    synced = cli("sync", gs_shards, str(tmp_path / "copy"))
+    assert synced.returncode == 0 and f"downloaded and verified {files} files" in synced.stdout
+    for path in digit_shards.iterdir():
+        assert (tmp_path / "copy" / path.name).read_bytes() == path.read_bytes()
+
+
+def test_a_checksum_mismatch_after_upload_is_an_error(emulator, tmp_path, monkeypatch):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"abc" * 1000)
+    real = gcs.file_crc32c
+    monkeypatch.setattr(gcs, "file_crc32c", lambda p: "AAAAAA==" if p == str(path) else real(p))
+    with pytest.raises(ImagenetTrainError, match="stored checksum .* differs"):
+        gcs.upload(str(path), f"gs://{BUCKET}/mismatch/a.bin")
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (f"gs://{BUCKET}/nothing/here.tar", "no such object"),
+        ("gs://no-such-bucket-x/a.tar", "no such bucket"),
+        ("gs://", "expected gs://BUCKET/PATH"),
+    ],
+)
+def test_bucket_errors_name_the_url(emulator, url, message):
+    with pytest.raises(ImagenetTrainError, match=message) as caught:
+        gcs.open_read(url)
+    assert url in str(caught.value)
+
+
+def test_loader_streams_shards_natively_from_gs(gs_shards):
+    source = resolve_source(f"{gs_shards}/shards.json")
+    assert source.val_urls[0].startswith(f"{gs_shards}/imagenet-train-val-")
+    stream = ShardStream(urls=source.val_urls, transform=ValPreset(24, 24).build(), batch_size=32, retries=1)
+    keys = Counter(k for _, _, batch in EpochLoader(stream, workers=2) for k in batch)
+    assert len(keys) == 359 and set(keys.values()) == {1}
+
+
+def test_ddp_training_reads_gs_shards_writes_results_and_resumes_from_the_bucket(gs_shards, tmp_path):
+    results = f"gs://{BUCKET}/runs/ddp"
+    args = [
+        "--shards",
+        f"{gs_shards}/shards.json",
+        "--results",
+        results,
+        "--epoch-batches",
+        "4",
+        *SMALL_TRAIN,
+        "--batch-size",
+        "16",
+    ]
+    first = torchrun([*args, "--run-dir", str(tmp_path / "a"), "--epochs", "1"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    names = {o.name for o in gcs.listing(results + "/")}
+    assert {"runs/ddp/config.json", "runs/ddp/metrics.jsonl", "runs/ddp/checkpoints/epoch-0000.pt"} <= names
+    # A new machine: empty run directory, everything comes back from the bucket.
+    second = torchrun([*args, "--run-dir", str(tmp_path / "b"), "--epochs", "2", "--resume", "latest"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "continuing at epoch 1" in second.stdout
+    assert [m["epoch"] for m in read_metrics(tmp_path / "b")] == [0, 1]
