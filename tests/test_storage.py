@@ -76,3 +76,51 @@ def test_local_paths_and_file_urls_resolve_relative_names(tmp_path):
     assert storage.join("http://h:1/data", "http://other/b.tar") == "http://other/b.tar"
     with pytest.raises(ImagenetTrainError, match="cannot open"):
         storage.open_stream(str(tmp_path / "missing.tar"))
+
+
+class _AISProxy(http.server.BaseHTTPRequestHandler):
+    """An AIStore proxy stand-in: the object API path, answered with a redirect to a target."""
+
+    target = ""
+    paths: list = []
+
+    def do_GET(self):
+        type(self).paths.append(self.path)
+        if self.path.startswith("/v1/objects/"):
+            self.send_response(307)
+            self.send_header("Location", f"{self.target}{self.path}")
+            self.end_headers()
+            return
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_ais_urls_use_the_object_api_and_follow_the_redirect_to_a_target(digit_shards, tmp_path, monkeypatch):
+    from imagenet_train.serve import NginxServer
+
+    name = sorted(p.name for p in digit_shards.glob("*.tar"))[0]
+    # A real nginx plays the AIS target, serving /v1/objects/<bucket>/<object> from a folder of that shape.
+    target_root = tmp_path / "target"
+    (target_root / "v1" / "objects" / "shards").mkdir(parents=True)
+    (target_root / "v1" / "objects" / "shards" / name).write_bytes((digit_shards / name).read_bytes())
+    port = free_port()
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", port), _AISProxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AIS_ENDPOINT", f"http://127.0.0.1:{port}")
+    try:
+        with NginxServer(str(target_root)) as target:
+            _AISProxy.target = target.url
+            with storage.open_stream(f"ais://shards/{name}") as stream:
+                assert stream.read() == (digit_shards / name).read_bytes()
+    finally:
+        proxy.shutdown()
+    assert _AISProxy.paths[-1] == f"/v1/objects/shards/{name}?provider=ais"
+
+
+def test_ais_needs_an_endpoint(monkeypatch):
+    monkeypatch.delenv("AIS_ENDPOINT", raising=False)
+    with pytest.raises(ImagenetTrainError, match="set AIS_ENDPOINT"):
+        storage.open_stream("ais://bucket/x.tar")

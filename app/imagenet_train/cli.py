@@ -30,6 +30,7 @@ HELP = {
     "shuffle_buffer": "samples in each shuffle buffer",
     "epoch_batches": "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)",
     "repeat": "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)",
+    "cache_dir": "node-local directory to keep copies of remote shards in, so later epochs read local disk",
     "retries": "attempts to reach a shard server before failing",
     "loader_timeout": "seconds without a batch from the DataLoader workers before failing (0: wait forever)",
     "lr": "learning rate for a global batch of 256 (scaled linearly)",
@@ -96,7 +97,18 @@ def cmd_shards(args: argparse.Namespace) -> int:
         resize=args.resize or None,
         quality=args.quality,
     )
-    document = convert(args.source, args.output, options, val_labels=args.val_labels, progress=not args.quiet)
+    output = args.output
+    if output.startswith("gs://"):
+        # Shards are written locally first (resumable there with --staging), then uploaded and verified.
+        import tempfile
+
+        output = args.staging or tempfile.mkdtemp(prefix="imagenet-train-shards-")
+    document = convert(args.source, output, options, val_labels=args.val_labels, progress=not args.quiet)
+    if output != args.output:
+        from .transfer import upload_tree
+
+        sent = upload_tree(output, args.output)
+        print(f"uploaded {sent} files from {output} to {args.output} (verified by CRC32C)")
     for split, info in document["splits"].items():
         print(f"{split}: {info['nsamples']} samples in {len(info['shardlist'])} shards")
     print(
@@ -111,7 +123,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
         print(f"skipped (not usable): {len(document['skipped'])}")
         for item in document["skipped"][: args.list]:
             print(f"  {item['source']}: {item['reason']}")
-    print(f"index: {os.path.join(args.output, 'shards.json')}")
+    print(f"index: {args.output.rstrip('/')}/shards.json")
     return 0
 
 
@@ -300,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     shards = commands.add_parser("shards", formatter_class=formatter, help="convert a dataset into shards + index")
     shards.add_argument("source", help="ImageFolder tree, Kaggle layout, or directory with the ILSVRC2012 tars")
-    shards.add_argument("output", help="directory for the shards and shards.json")
+    shards.add_argument("output", help="directory (or gs://BUCKET/PREFIX) for the shards and shards.json")
+    shards.add_argument("--staging", default=None, help="with a gs:// output: local directory to write to first")
     shards.add_argument("--prefix", default="imagenet-train", help="shard name prefix")
     shards.add_argument("--maxcount", type=int, default=1000, help="samples per shard at most")
     shards.add_argument("--maxsize", type=int, default=3_000_000_000, help="bytes per shard at most (approx.)")

@@ -30,6 +30,7 @@ class DataConfig:
     epoch_batches: int = 0  # 0: one pass over the data; split mode: cut every rank at this many batches
     repeat: int = 1  # split mode: each worker reads its shards this many times per epoch
     retries: int = 5
+    cache_dir: str = ""  # node-local directory for copies of remote shards (second epoch on: local reads)
     loader_timeout: float = 600.0  # seconds without a batch before the run fails instead of hanging
 
 

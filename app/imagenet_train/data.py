@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import plan, storage
+from .cache import open_cached
 from .errors import ImagenetTrainError
 from .presets import decode_rgb
 
@@ -44,7 +45,7 @@ def samples_in_tar(stream, url: str) -> Iterator[dict]:
         yield sample
 
 
-def read_shards(urls: Iterable[str], retries: int, max_empty: int | None = None) -> Iterator[dict]:
+def read_shards(urls: Iterable[str], retries: int, max_empty: int | None = None, cache_dir: str = "") -> Iterator[dict]:
     """Samples of each shard in turn; an unreachable shard fails after retries, naming its URL.
 
     `max_empty` bounds how many shards in a row may yield nothing, so an endless resampled stream over
@@ -53,7 +54,11 @@ def read_shards(urls: Iterable[str], retries: int, max_empty: int | None = None)
     empty = 0
     for url in urls:
         count = 0
-        with storage.open_stream(url, retries=retries) as stream:
+        if cache_dir and storage.is_url(url):
+            stream = open_cached(url, cache_dir, lambda u: storage.open_stream(u, retries=retries))
+        else:
+            stream = storage.open_stream(url, retries=retries)
+        with stream:
             for sample in samples_in_tar(stream, url):
                 count += 1
                 yield sample
@@ -161,6 +166,7 @@ class ShardStream(IterableDataset):
     resume_tag: str = ""  # a resumed resampled epoch draws fresh shards, deterministically
     queue: object = None  # a shard queue (queue.StoreQueue / LocalQueue) for --mode queue
     repeat: int = 1  # split mode: read this worker's shard list this many times per epoch
+    cache_dir: str = ""  # node-local copies of remote shards, read instead of the network from then on
 
     def __post_init__(self):
         self.corrupt = worker_context().Value("q", 0)
@@ -185,7 +191,7 @@ class ShardStream(IterableDataset):
         worker, workers = _worker()
         rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}:samples")
         max_empty = 2 * len(self.urls) + 8 if self.resampled else None
-        samples = read_shards(self.shard_urls(worker, workers), self.retries, max_empty)
+        samples = read_shards(self.shard_urls(worker, workers), self.retries, max_empty, self.cache_dir)
         if self.skip_keys:
             samples = (sample for sample in samples if sample["__key__"] not in self.skip_keys)
         if self.shuffle_buffer > 1:

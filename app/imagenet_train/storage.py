@@ -44,6 +44,17 @@ def parent(location: str) -> str:
     return os.path.dirname(os.path.abspath(location))
 
 
+def ais_http_url(location: str) -> str:
+    """ais://BUCKET/OBJECT → AIStore's HTTP object API on AIS_ENDPOINT (the proxy redirects to a target)."""
+    endpoint = os.environ.get("AIS_ENDPOINT", "").rstrip("/")
+    if not endpoint:
+        raise ImagenetTrainError(f"{location}: set AIS_ENDPOINT to the AIStore proxy (e.g. http://ais-proxy:51080)")
+    bucket, _, name = location[len("ais://") :].partition("/")
+    if not bucket or not name:
+        raise ImagenetTrainError(f"{location}: expected ais://BUCKET/OBJECT")
+    return f"{endpoint}/v1/objects/{bucket}/{urllib.parse.quote(name)}?provider=ais"
+
+
 def _backoff(attempt: int) -> float:
     return min(8.0, 0.25 * 2**attempt)
 
@@ -116,6 +127,8 @@ def open_stream(location: str, retries: int = 5) -> BinaryIO:
         from . import gcs
 
         return gcs.open_read(location)
+    if scheme == "ais":
+        return io.BufferedReader(HTTPStream(ais_http_url(location), retries=retries), buffer_size=1 << 20)
     if is_url(location):
         import webdataset
 

@@ -129,6 +129,7 @@ class Trainer:
             resampled=not self.exact,
             queue=self._queue(),
             repeat=data.repeat,
+            cache_dir=data.cache_dir,
             shuffle_buffer=data.shuffle_buffer,
             seed=self.cfg.run.seed,
             retries=data.retries,
@@ -165,6 +166,7 @@ class Trainer:
             shuffle_shards=False,
             shuffle_buffer=0,
             retries=data.retries,
+            cache_dir=data.cache_dir,
         )
         return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda", timeout=data.loader_timeout)
 
