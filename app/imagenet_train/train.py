@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from .position import KeyLog, Position, consumed_keys
 from .presets import TrainPreset, ValPreset, normalize
 from .queue import job_queue
 from .results import ResultsUploader, fetch_for_resume
+from .schedule import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,8 @@ class Trainer:
         self.model = model
         self.ddp = DistributedDataParallel(model) if info.enabled else model
         torch.manual_seed(run.seed + 1000 * info.rank)  # different augmentation per rank
-        self.global_batch = data.batch_size * info.world
-        self.base_lr = cfg.optim.lr * self.global_batch / 256
+        self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
+        self.global_batch, self.base_lr = self.schedule.global_batch, self.schedule.base_lr
         self.optimizer = torch.optim.SGD(
             parameter_groups(model, cfg.optim.weight_decay),
             lr=self.base_lr,
@@ -137,7 +137,7 @@ class Trainer:
         return EpochLoader(
             stream,
             data.workers,
-            None if self.exact else self.epoch_batches(0),
+            None if self.exact else self.schedule.epoch_batches(0),
             pin_memory=info.device.type == "cuda",
             mix_buffer=data.shuffle_buffer,
             timeout=data.loader_timeout,
@@ -169,33 +169,6 @@ class Trainer:
             cache_dir=data.cache_dir,
         )
         return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda", timeout=data.loader_timeout)
-
-    def epoch_batches(self, epoch: int) -> int:
-        """Steps in an epoch for the schedule: the same number on every rank."""
-        data, info = self.cfg.data, self.info
-        if self.cfg.run.total_samples:
-            interval = self.interval_batches()
-            return min(interval, self.total_batches() - epoch * interval)
-        if not self.exact:
-            return data.epoch_batches or plan.resampled_epoch_batches(
-                self.source.train_samples, data.batch_size, info.world
-            )
-        if self.source.train_sizes is None or self.cfg.data.mode == "queue":
-            # Queue mode: ranks take what they can; this is the schedule's estimate of a rank's share.
-            return max(1, math.ceil(self.source.train_samples / self.global_batch)) + (self.cfg.data.workers or 1)
-        setup = plan.Setup(
-            tuple(self.source.train_sizes),
-            gpus_per_node=info.world,
-            workers=data.workers,
-            batch_size=data.batch_size,
-            mode="split",
-            epoch_batches=data.epoch_batches,
-            repeat=data.repeat,
-            seed=self.cfg.run.seed,
-            epoch=epoch,
-        )
-        ranks = plan.rank_plans(setup)
-        return max(r.batches for r in ranks)
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> None:
@@ -239,7 +212,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "schedule": {"base_lr": self.base_lr, "epochs": self.epochs, "total_batches": self.total_batches()},
+            "schedule": {"base_lr": self.base_lr, "epochs": self.schedule.epochs, "total_batches": self.schedule.total},
             "config": json.loads(self.cfg.to_json()),
         }
         step = position.step if position else None
@@ -248,35 +221,9 @@ class Trainer:
         checkpoint.prune_steps(str(self.run_dir), keep=path)
 
     # -- one epoch ----------------------------------------------------------------------------
-    @property
-    def epochs(self) -> int:
-        """Epochs to run; with --total-samples, intervals of --epoch-batches (the last one shorter)."""
-        if not self.cfg.run.total_samples:
-            return self.cfg.run.epochs
-        return math.ceil(self.total_batches() / self.interval_batches())
-
-    def interval_batches(self) -> int:
-        """Batches per rank in one full epoch (or one interval of a --total-samples run)."""
-        return (
-            self.epoch_batches(0)
-            if not self.cfg.run.total_samples
-            else (
-                self.cfg.data.epoch_batches
-                or plan.resampled_epoch_batches(self.source.train_samples, self.cfg.data.batch_size, self.info.world)
-            )
-        )
-
-    def total_batches(self) -> int:
-        """Optimizer steps of the whole run: the schedule's length."""
-        if self.cfg.run.total_samples:
-            return max(1, self.cfg.run.total_samples // self.global_batch)
-        return self.cfg.run.epochs * self.interval_batches()
-
     def set_lr(self, epoch: int, step: int, steps: int) -> float:
         """Warmup then cosine over the run's global steps; identical on every rank at every step."""
-        nominal = self.interval_batches()
-        warmup = round(self.cfg.optim.warmup_epochs * nominal)
-        lr = plan.lr_at(epoch * nominal + min(step, steps - 1), self.total_batches(), warmup, self.base_lr)
+        lr = self.schedule.lr(epoch, step, steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
@@ -290,7 +237,7 @@ class Trainer:
         stream.skip_keys, stream.resume_tag = frozenset(), ""
         changed = bool(position.step and position.world and position.world != self.info.world)
         if not self.exact:
-            remaining = self.epoch_batches(epoch) - position.step
+            remaining = self.schedule.epoch_batches(epoch) - position.step
             if changed:
                 remaining = position.samples_left // (self.cfg.data.batch_size * self.info.world)
             self.train_loader.batches = remaining
@@ -319,7 +266,7 @@ class Trainer:
         position = self._prepare_epoch(epoch)
         start = position.step
         self.ddp.train()
-        steps = self.epoch_batches(epoch)
+        steps = self.schedule.epoch_batches(epoch)
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         samples, batches, lr, keys = 0, start, self.base_lr, []
         corrupt_before = loader.corrupt_samples
@@ -456,9 +403,9 @@ class Trainer:
             "val_shards": len(self.source.val_urls),
             "train_samples": self.source.train_samples,
             "num_classes": self.source.num_classes,
-            "epoch_batches": self.epoch_batches(self.start_epoch),
-            "epochs": self.epochs,
-            "total_batches": self.total_batches(),
+            "epoch_batches": self.schedule.epoch_batches(self.start_epoch),
+            "epochs": self.schedule.epochs,
+            "total_batches": self.schedule.total,
             "device": str(self.info.device),
             "amp": str(self.amp),
         }
@@ -468,13 +415,13 @@ class Trainer:
         self.resume()
         self.write_config()
         last: dict = {}
-        for epoch in range(self.start_epoch, self.epochs):
+        for epoch in range(self.start_epoch, self.schedule.epochs):
             started = time.time()
             record = {"epoch": epoch, **self.train_epoch(epoch)}
-            if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.epochs:
+            if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.schedule.epochs:
                 record.update(self.evaluate(epoch))
             if self.cfg.run.total_samples:
-                done = min(self.total_batches(), (epoch + 1) * self.interval_batches())
+                done = min(self.schedule.total, (epoch + 1) * self.schedule.interval)
                 record["samples_seen"] = done * self.global_batch
             record["replicas_in_sync"] = self.replicas_in_sync()
             record["epoch_time_s"] = round(time.time() - started, 3)
