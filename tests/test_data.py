@@ -129,3 +129,22 @@ def test_queue_mode_in_one_process_hands_every_shard_to_exactly_one_worker(digit
         loader.set_epoch(epoch)
         seen = Counter(keys_of(loader))
         assert len(seen) == 1438 and set(seen.values()) == {1}
+
+
+class _NeedsEndpoint:
+    """A transform that fails (so the sample counts as corrupt) unless the worker sees AIS_ENDPOINT."""
+
+    def __call__(self, image):
+        import os
+
+        assert os.environ.get("AIS_ENDPOINT") == "http://set-after-the-forkserver-started:1"
+        return image[:, :8, :8]
+
+
+def test_workers_see_io_environment_set_after_the_forkserver_started(digit_shards, monkeypatch):
+    source = resolve_source(str(digit_shards))
+    list(EpochLoader(stream(source.val_urls[:1]), workers=1))  # the forkserver exists from here on
+    monkeypatch.setenv("AIS_ENDPOINT", "http://set-after-the-forkserver-started:1")
+    loader = EpochLoader(ShardStream(urls=source.val_urls, transform=_NeedsEndpoint(), batch_size=64), workers=2)
+    assert sum(len(keys) for _, _, keys in loader) == 359
+    assert loader.corrupt_samples == 0

@@ -170,6 +170,7 @@ class ShardStream(IterableDataset):
 
     def __post_init__(self):
         self.corrupt = worker_context().Value("q", 0)
+        self.environment = storage.io_environment()
 
     def shard_urls(self, worker: int, workers: int) -> Iterator[str]:
         if self.resampled:
@@ -189,6 +190,8 @@ class ShardStream(IterableDataset):
 
     def __iter__(self) -> Iterator[Batch]:
         worker, workers = _worker()
+        if get_worker_info() is not None:
+            storage.apply_io_environment(self.environment)
         rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}:samples")
         max_empty = 2 * len(self.urls) + 8 if self.resampled else None
         samples = read_shards(self.shard_urls(worker, workers), self.retries, max_empty, self.cache_dir)

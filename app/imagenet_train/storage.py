@@ -55,6 +55,40 @@ def ais_http_url(location: str) -> str:
     return f"{endpoint}/v1/objects/{bucket}/{urllib.parse.quote(name)}?provider=ais"
 
 
+IO_ENVIRONMENT = (
+    "STORAGE_EMULATOR_HOST",
+    "GOOGLE_",
+    "CLOUDSDK_",
+    "AIS_",
+    "AWS_",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_",
+    "REQUESTS_CA_BUNDLE",
+)
+
+
+def io_environment() -> dict[str, str]:
+    """The variables that decide where and how URLs are reached (credentials, endpoints, proxies)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(IO_ENVIRONMENT)}
+
+
+def apply_io_environment(snapshot: dict[str, str]) -> None:
+    """Make this process's I/O environment the snapshot's.
+
+    DataLoader workers come from a forkserver whose environment is the one it started with; a
+    variable set later in the training process (an endpoint, a key file) would otherwise never
+    reach them.
+    """
+    for key in [k for k in os.environ if k.startswith(IO_ENVIRONMENT) and k not in snapshot]:
+        del os.environ[key]
+    os.environ.update(snapshot)
+
+
 def _backoff(attempt: int) -> float:
     return min(8.0, 0.25 * 2**attempt)
 
