@@ -191,3 +191,23 @@ def test_node_local_cache_serves_the_second_epoch_from_disk(gs_shards, tmp_path)
     finally:
         os.environ["STORAGE_EMULATOR_HOST"] = saved
         gcs.client.cache_clear()
+
+
+def test_results_uploader_mirrors_changes_and_reports_a_missing_bucket(emulator, tmp_path):
+    from imagenet_train.results import ResultsUploader
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"epoch": 0}\n')
+    uploader = ResultsUploader(run_dir, f"gs://{BUCKET}/mirror")
+    uploader.sync()
+    (run_dir / "checkpoints" / "epoch-0000.pt").write_bytes(b"weights")
+    uploader.finish()
+    assert sorted(o.name for o in gcs.listing(f"gs://{BUCKET}/mirror/")) == [
+        "mirror/checkpoints/epoch-0000.pt",
+        "mirror/metrics.jsonl",
+    ]
+    broken = ResultsUploader(run_dir, "gs://no-such-bucket-y/run")
+    broken.sync()
+    with pytest.raises(ImagenetTrainError, match="no such bucket"):
+        broken.finish()

@@ -25,6 +25,10 @@ class ResultsUploader:
 
     def sync(self) -> None:
         """Queue an upload of whatever changed in the run directory since the last one."""
+        for future in self.pending:
+            if future.done() and future.exception() and not getattr(future, "reported", False):
+                log.error("results upload to %s failed (retried at the next sync): %s", self.url, future.exception())
+                future.reported = True
         self.pending = [f for f in self.pending if not f.done() or f.exception()]
         self.pending.append(self.pool.submit(self._upload_changed))
 
