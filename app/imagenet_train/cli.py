@@ -144,6 +144,18 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from .probe import probe, wait_for
+
+    result = wait_for(args.location, args.wait, split=args.split) if args.wait else probe(args.location, args.split)
+    print(
+        f"{result.index}: {result.samples} {args.split} samples in {result.shards} shards; "
+        f"read {result.shard} ({result.shard_bytes} bytes, {result.shard_samples} samples)",
+        flush=True,
+    )
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .train import train
 
@@ -331,6 +343,13 @@ def build_parser() -> argparse.ArgumentParser:
     summarize.add_argument("--json", action="store_true", help="machine-readable output")
     summarize.set_defaults(func=cmd_summarize)
 
+    probe = commands.add_parser(
+        "probe", formatter_class=formatter, help="check a shard source: fetch the index and read one shard"
+    )
+    probe.add_argument("location", help="index (shards.json), its directory, or a URL to either")
+    probe.add_argument("--split", default="train", help="split whose first shard is read")
+    probe.add_argument("--wait", type=float, default=0, help="retry for up to this many seconds (0: once)")
+    probe.set_defaults(func=cmd_probe)
     train = commands.add_parser("train", formatter_class=formatter, help="train (run under torchrun for DDP)")
     for section in (DataConfig(), OptimConfig(), RunConfig()):
         _add_dataclass_options(train, section)

@@ -59,6 +59,10 @@ def plan_sync(url: str, directory: str) -> list[Copy]:
 def run(copies: list[Copy], copy: Callable[[str, str], object], workers: int = 8) -> int:
     """Carry out the copies in parallel; returns how many were copied."""
     todo = [c for c in copies if c.action == "copy"]
+    # Shard indexes go last: whoever polls for the index (the chart's init containers) must never see
+    # one whose shards are still on their way.
+    indexes = [c for c in todo if c.target.endswith(".json")]
+    rest = [c for c in todo if not c.target.endswith(".json")]
 
     def one(item: Copy) -> None:
         if copy is gcs.download:
@@ -66,7 +70,8 @@ def run(copies: list[Copy], copy: Callable[[str, str], object], workers: int = 8
         copy(item.source, item.target)
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        list(pool.map(one, todo))
+        list(pool.map(one, rest))
+        list(pool.map(one, indexes))
     return len(todo)
 
 

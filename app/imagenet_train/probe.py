@@ -1,0 +1,75 @@
+"""`imagenet-train probe`: is the shard source ready? Fetch the index and read one shard end to end.
+
+The chart runs it twice: as the training pods' init container (`--wait`, so a job never starts
+before its shard server answers or a bucket fill has written the index) and as the `helm test` hook.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import time
+from dataclasses import dataclass
+
+from . import storage
+from .errors import ImagenetTrainError
+from .index import ShardIndex, load_index
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    index: str
+    shards: int
+    samples: int
+    shard: str
+    shard_bytes: int
+    shard_samples: int
+
+
+def read_shard(url: str, retries: int) -> tuple[int, int]:
+    """Bytes and samples (distinct keys) of one shard, read through the loaders' own opener."""
+    keys: set[str] = set()
+    with storage.open_stream(url, retries=retries) as raw:
+        counter = _CountingReader(raw)
+        try:
+            with tarfile.open(fileobj=counter, mode="r|") as tar:
+                for member in tar:
+                    if member.isfile():
+                        keys.add(member.name.split(".", 1)[0])
+        except tarfile.TarError as error:
+            raise ImagenetTrainError(f"{url}: not a readable tar shard ({error})") from None
+    return counter.count, len(keys)
+
+
+class _CountingReader:
+    def __init__(self, raw):
+        self.raw, self.count = raw, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.count += len(data)
+        return data
+
+
+def probe(location: str, split: str = "train", retries: int = 2) -> ProbeResult:
+    """Load the index and read its first shard of `split`; errors name what failed."""
+    index: ShardIndex = load_index(location, retries=retries)
+    urls, sizes = index.urls(split), index.sizes(split)
+    if not urls:
+        raise ImagenetTrainError(f"{index.location}: split '{split}' lists no shards")
+    nbytes, nsamples = read_shard(urls[0], retries)
+    if nsamples != sizes[0]:
+        raise ImagenetTrainError(f"{urls[0]}: {nsamples} samples, the index says {sizes[0]}")
+    return ProbeResult(index.location, len(urls), sum(sizes), urls[0], nbytes, nsamples)
+
+
+def wait_for(location: str, timeout: float, interval: float = 1.0, split: str = "train") -> ProbeResult:
+    """Probe until it succeeds or `timeout` seconds pass; the last error is reported."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return probe(location, split)
+        except ImagenetTrainError as error:
+            if time.monotonic() + interval > deadline:
+                raise ImagenetTrainError(f"{error} (still failing after {timeout:.0f} s)") from None
+            print(f"waiting for shards: {error}", flush=True)
+            time.sleep(interval)
