@@ -56,3 +56,29 @@ def test_probe_wait_gives_up_with_one_line_naming_the_url(tmp_path):
     assert result.returncode == 2
     assert f"{server.url}/shards.json" in result.stderr and "still failing after 3 s" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_launch_waits_for_the_shard_server_before_starting_torchrun(shard_server):
+    ready = cli(
+        "launch",
+        "--nproc-per-node",
+        "1",
+        "--wait-for",
+        f"{shard_server.url}/shards.json",
+        "--",
+        "summarize",
+        f"{shard_server.url}/shards.json",
+        timeout=120,
+    )
+    assert ready.returncode == 0, ready.stderr
+    assert ready.stdout.index("shards ready:") < ready.stdout.index("torchrun")
+    assert "train: 1438 samples in 12 shards" in ready.stdout
+
+
+def test_launch_gives_up_on_a_missing_index_without_starting_torchrun(tmp_path):
+    root = tmp_path / "empty"
+    root.mkdir()
+    with NginxServer(str(root)) as server:
+        result = cli("launch", "--wait-for", f"{server.url}/shards.json", "--wait-timeout", "2", "--", "train")
+    assert result.returncode == 2 and "torchrun" not in result.stdout
+    assert "shards.json: HTTP 404" in result.stderr and result.stderr.count("\n") == 1

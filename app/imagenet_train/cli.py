@@ -308,6 +308,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from .launch import run
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if args.wait_for and not args.dry_run:
+        from .probe import wait_for
+
+        result = wait_for(args.wait_for, args.wait_timeout)
+        print(f"shards ready: {result.index} ({result.samples} train samples in {result.shards} shards)", flush=True)
     return run(program, nproc=args.nproc_per_node, dry_run=args.dry_run)
 
 
@@ -428,6 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--nproc-per-node", default=None, help="processes per node (default: from the environment, else GPUs)"
     )
+    launch.add_argument(
+        "--wait-for", default="", metavar="INDEX", help="first wait until this shard index and its first shard can be read"
+    )
+    launch.add_argument("--wait-timeout", type=float, default=1800, help="seconds --wait-for keeps trying")
     launch.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
     launch.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")
     launch.set_defaults(func=cmd_launch)
