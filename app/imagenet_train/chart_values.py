@@ -86,7 +86,7 @@ def _path(key: str, expression: str) -> list[str | int]:
 
 def _assign(tree: dict, path: list[str | int], value: Any) -> None:
     node: Any = tree
-    for here, nxt in zip(path, path[1:]):
+    for here, nxt in zip(path, path[1:], strict=False):
         empty: Any = [] if isinstance(nxt, int) else {}
         if isinstance(here, int):
             while len(node) <= here:
@@ -178,7 +178,9 @@ def rule_errors(values: dict) -> list[str]:
     elastic = launcher["elastic"]
     if elastic["enabled"]:
         if launcher["kind"] == "trainjob":
-            errors.append("launcher.elastic.enabled: trainjob has no elastic policy; use pytorchjob, indexedjob or jobset")
+            errors.append(
+                "launcher.elastic.enabled: trainjob has no elastic policy; use pytorchjob, indexedjob or jobset"
+            )
         elif not elastic["minNodes"] <= launcher["nodes"] <= elastic["maxNodes"]:
             errors.append(
                 f"launcher.elastic: nodes={launcher['nodes']} must lie between minNodes={elastic['minNodes']} "
@@ -204,9 +206,7 @@ def rule_errors(values: dict) -> list[str]:
     return errors
 
 
-def load_values(
-    files: Iterable[str] = (), sets: Iterable[str] = (), chart_dir: Path = CHART_DIR
-) -> dict:
+def load_values(files: Iterable[str] = (), sets: Iterable[str] = (), chart_dir: Path = CHART_DIR) -> dict:
     """Chart defaults + files + --set, validated; raises ImagenetTrainError naming the first bad field."""
     values = load_yaml(chart_dir / "values.yaml")
     for path in files:
@@ -215,7 +215,9 @@ def load_values(
     schema = json.loads((chart_dir / "values.schema.json").read_text())
     problems = schema_errors(values, schema)
     if problems:
-        raise ImagenetTrainError(f"values: {problems[0]}" + (f" (and {len(problems) - 1} more)" if problems[1:] else ""))
+        raise ImagenetTrainError(
+            f"values: {problems[0]}" + (f" (and {len(problems) - 1} more)" if problems[1:] else "")
+        )
     problems = rule_errors(values)
     if problems:
         raise ImagenetTrainError(problems[0])

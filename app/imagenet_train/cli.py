@@ -434,7 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--nproc-per-node", default=None, help="processes per node (default: from the environment, else GPUs)"
     )
     launch.add_argument(
-        "--wait-for", default="", metavar="INDEX", help="first wait until this shard index and its first shard can be read"
+        "--wait-for",
+        default="",
+        metavar="INDEX",
+        help="first wait until this shard index and its first shard can be read",
     )
     launch.add_argument("--wait-timeout", type=float, default=1800, help="seconds --wait-for keeps trying")
     launch.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")

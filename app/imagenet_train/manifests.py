@@ -17,11 +17,26 @@ from .errors import ImagenetTrainError
 TEMPLATES = Path(__file__).resolve().parents[2] / "manifests" / "templates"
 
 
+class _Values(dict):
+    """Values as templates see them: a key a user nulled out reads as nil, like Helm's .Values."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def _loose(node: Any) -> Any:
+    if isinstance(node, dict):
+        return _Values({k: _loose(v) for k, v in node.items()})
+    if isinstance(node, list):
+        return [_loose(v) for v in node]
+    return node
+
+
 def _trunc(text: str, size: int) -> str:
     return text[:size].rstrip("-")
 
 
-def helpers(values: dict, chart: dict, release: str, namespace: str) -> dict[str, Any]:
+def helpers(values: dict, chart: dict, release: str, namespace: str, chart_dir: Path) -> dict[str, Any]:
     """Everything _helpers.tpl defines, computed once from the values."""
     v = values
     name = _trunc(v["nameOverride"] or chart["name"], 40)
@@ -65,14 +80,16 @@ def helpers(values: dict, chart: dict, release: str, namespace: str) -> dict[str
         args += ["--checkpoint-every", str(train["checkpointEvery"])]
     if v["cache"]["enabled"]:
         args += ["--cache-dir", "/cache"]
-    args += [str(a) for a in train["extraArgs"]]
+    args += [str(a) for a in train["extraArgs"] or []]
 
     storage_env = []
     if shards["server"] == "aistore":
         storage_env.append({"name": "AIS_ENDPOINT", "value": ais_endpoint})
     gcp = v["gcp"]
     if gcp["credentialsSecret"]:
-        storage_env.append({"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"/var/run/secrets/gcp/{gcp['credentialsKey']}"})
+        storage_env.append(
+            {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"/var/run/secrets/gcp/{gcp['credentialsKey']}"}
+        )
     env = list(storage_env)
     if launcher["kind"] in ("indexedjob", "jobset"):
         env += [
@@ -89,9 +106,9 @@ def helpers(values: dict, chart: dict, release: str, namespace: str) -> dict[str
                 {"name": "PET_RDZV_ID", "value": fullname},
                 {"name": "PET_MAX_RESTARTS", "value": str(elastic["maxRestarts"])},
             ]
-    env += train["extraEnv"]
+    env += train["extraEnv"] or []
 
-    resources = json.loads(json.dumps(v["resources"]))
+    resources = json.loads(json.dumps(v["resources"] or {}))
     if launcher["gpusPerNode"]:
         for part in ("limits", "requests"):
             resources[part] = {**(resources.get(part) or {}), "nvidia.com/gpu": int(launcher["gpusPerNode"])}
@@ -104,11 +121,14 @@ def helpers(values: dict, chart: dict, release: str, namespace: str) -> dict[str
     volumes: list[dict] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(v["shmSize"])}},
         {"name": "tmp", "emptyDir": {}},
-        {"name": "results", **(
-            {"persistentVolumeClaim": {"claimName": v["results"]["existingClaim"]}}
-            if v["results"]["existingClaim"]
-            else {"emptyDir": {}}
-        )},
+        {
+            "name": "results",
+            **(
+                {"persistentVolumeClaim": {"claimName": v["results"]["existingClaim"]}}
+                if v["results"]["existingClaim"]
+                else {"emptyDir": {}}
+            ),
+        },
     ]
     if v["cache"]["enabled"]:
         mounts.append({"name": "cache", "mountPath": "/cache"})
@@ -160,7 +180,7 @@ def helpers(values: dict, chart: dict, release: str, namespace: str) -> dict[str
         "queueLabel": {"kueue.x-k8s.io/queue-name": launcher["runPolicy"]["queue"]}
         if launcher["runPolicy"].get("queue")
         else {},
-        "nginxConf": (Path(values["_chart_dir"]) / "files" / "nginx.conf").read_text(),
+        "nginxConf": (Path(chart_dir) / "files" / "nginx.conf").read_text(),
         "release": {"name": release, "namespace": namespace},
     }
 
@@ -175,6 +195,7 @@ def _environment(templates: Path):
     import yaml
 
     def toyaml(data: Any) -> str:
+        data = json.loads(json.dumps(data))  # plain dicts for the dumper
         return yaml.safe_dump(data, default_flow_style=False, sort_keys=False, width=10_000).rstrip("\n")
 
     def nindent(text: str, width: int) -> str:
@@ -207,9 +228,9 @@ def render(
     from .chart_values import CHART_DIR
 
     chart_dir = chart_dir or CHART_DIR
-    values = load_values(files, sets, chart_dir)
+    values = _loose(load_values(files, sets, chart_dir))
     chart = load_yaml(chart_dir / "Chart.yaml")
-    context = {"Values": values, "h": helpers({**values, "_chart_dir": str(chart_dir)}, chart, release, namespace)}
+    context = {"Values": values, "h": helpers(values, chart, release, namespace, chart_dir)}
     env = _environment(templates)
     documents = []
     for name in sorted(env.list_templates(filter_func=lambda n: n.endswith(".yaml.j2"))):
