@@ -157,6 +157,35 @@ def test_image_help_runs_as_non_root(podman):
     assert run(podman, "--entrypoint", "id", IMAGE, "-u").stdout.strip() == "10001"
 
 
+def test_image_runs_the_chart_probe_under_the_charts_restricted_security_context(podman, shard_server):
+    """The chart's pods: uid 10001, read-only root, /tmp the only writable path, no capabilities."""
+    restricted = [
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "--user",
+        "10001:10001",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+    ]
+    probe = run(podman, *restricted, IMAGE, "probe", f"{shard_server.url}/shards.json", check=False)
+    assert probe.returncode == 0, probe.stderr
+    assert "1438 train samples in 12 shards" in probe.stdout
+    gcs = run(
+        podman,
+        *restricted,
+        "--entrypoint",
+        "python3",
+        IMAGE,
+        "-c",
+        "import google.cloud.storage, imagenet_train.gcs; print('gcs ok')",
+        check=False,
+    )
+    assert gcs.stdout.strip() == "gcs ok", gcs.stderr
+
+
 def test_image_labels_and_no_secrets_in_any_layer(podman):
     labels = json.loads(podman("image", "inspect", IMAGE).stdout)[0]["Labels"]
     assert labels["org.opencontainers.image.version"] == "image-test"
