@@ -36,6 +36,28 @@ def _trunc(text: str, size: int) -> str:
     return text[:size].rstrip("-")
 
 
+def training_args(values: dict, shards_url: str, run_dir: str, results_url: str = "", wait_for: str = "") -> list[str]:
+    """`imagenet-train launch ... -- train ...` for these values: the same on every launcher and on NGC."""
+    launcher, train = values["launcher"], values["train"]
+    procs = nproc(values)
+    args = ["launch", "--nproc-per-node", str(procs)]
+    if wait_for:
+        args += ["--wait-for", wait_for, "--wait-timeout", str(launcher["waitForShardsSeconds"])]
+    batch = train["globalBatchSize"] // (launcher["nodes"] * procs) if train["globalBatchSize"] else train["batchSize"]
+    args += ["--", "train", "--shards", shards_url, "--arch", train["arch"], "--epochs", str(train["epochs"])]
+    args += ["--batch-size", str(batch), "--workers", str(train["workers"]), "--mode", train["mode"]]
+    args += ["--amp", train["amp"], "--run-dir", run_dir]
+    if results_url:
+        args += ["--results", results_url]
+    if train["resume"]:
+        args += ["--resume", train["resume"]]
+    if train["checkpointEvery"]:
+        args += ["--checkpoint-every", str(train["checkpointEvery"])]
+    if values["cache"]["enabled"]:
+        args += ["--cache-dir", "/cache"]
+    return args + [str(a) for a in train["extraArgs"] or []]
+
+
 def helpers(values: dict, chart: dict, release: str, namespace: str, chart_dir: Path) -> dict[str, Any]:
     """Everything _helpers.tpl defines, computed once from the values."""
     v = values
@@ -65,22 +87,14 @@ def helpers(values: dict, chart: dict, release: str, namespace: str, chart_dir: 
     ais_endpoint = f"http://{fullname}-ais-proxy:51080" if ais["deploy"] else ais["endpoint"].rstrip("/")
     master = f"{fullname}-node-0-0.{fullname}" if launcher["kind"] == "jobset" else f"{fullname}-0.{fullname}"
 
-    args = ["launch", "--nproc-per-node", str(procs)]
-    if shards["server"] != "bucket":
-        args += ["--wait-for", shards_url, "--wait-timeout", str(launcher["waitForShardsSeconds"])]
-    batch = train["globalBatchSize"] // (launcher["nodes"] * procs) if train["globalBatchSize"] else train["batchSize"]
-    args += ["--", "train", "--shards", shards_url, "--arch", train["arch"], "--epochs", str(train["epochs"])]
-    args += ["--batch-size", str(batch), "--workers", str(train["workers"]), "--mode", train["mode"]]
-    args += ["--amp", train["amp"], "--run-dir", f"/results/{run_name}"]
-    if v["results"]["bucket"]:
-        args += ["--results", f"{v['results']['bucket'].rstrip('/')}/{run_name}"]
-    if train["resume"]:
-        args += ["--resume", train["resume"]]
-    if train["checkpointEvery"]:
-        args += ["--checkpoint-every", str(train["checkpointEvery"])]
-    if v["cache"]["enabled"]:
-        args += ["--cache-dir", "/cache"]
-    args += [str(a) for a in train["extraArgs"] or []]
+    results = v["results"]["bucket"]
+    args = training_args(
+        v,
+        shards_url,
+        run_dir=f"/results/{run_name}",
+        results_url=f"{results.rstrip('/')}/{run_name}" if results else "",
+        wait_for=shards_url if shards["server"] != "bucket" else "",
+    )
 
     storage_env = []
     if shards["server"] == "aistore":
