@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -211,3 +213,54 @@ def test_results_uploader_mirrors_changes_and_reports_a_missing_bucket(emulator,
     broken.sync()
     with pytest.raises(ImagenetTrainError, match="no such bucket"):
         broken.finish()
+
+
+def test_an_upload_killed_midway_resumes_from_the_last_chunk_in_a_new_process(emulator, tmp_path):
+    """SIGKILL `imagenet-train upload` of a 60 MB file after a few chunks; the next run continues, not restarts."""
+    source = tmp_path / "run"
+    source.mkdir()
+    payload = os.urandom(60 * 1024 * 1024)
+    (source / "big.pt").write_bytes(payload)
+    sessions = tmp_path / "sessions"
+    env = {
+        **os.environ,
+        "IMAGENET_TRAIN_UPLOAD_SESSIONS": str(sessions),
+        "IMAGENET_TRAIN_GCS_CHUNK": str(256 * 1024),  # many small chunks: time to interrupt it
+    }
+    url = f"gs://{BUCKET}/resume"
+    command = [str(Path(sys.executable).with_name("imagenet-train")), "upload", str(source), url, "--workers", "1"]
+    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    committed = 0
+    deadline = time.monotonic() + 60
+    while committed < 8 * 1024 * 1024 and time.monotonic() < deadline and first.poll() is None:
+        for record in sessions.glob("*.json"):
+            with contextlib.suppress(json.JSONDecodeError, FileNotFoundError):  # mid-rename
+                committed = json.loads(record.read_text()).get("committed", 0)
+        time.sleep(0.01)
+    first.kill()
+    first.wait()
+    assert first.returncode == -9, f"the first upload was not interrupted: {first.communicate()}"
+    assert 0 < committed < len(payload)
+    assert gcs.stat(f"{url}/big.pt") is None  # nothing that looks complete
+
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    resumed_at = int(second.stdout.split("resuming an interrupted upload at ")[1].split()[0])
+    assert resumed_at >= committed
+    assert gcs.read_bytes(f"{url}/big.pt") == payload
+    assert not list(sessions.glob("*.json"))  # the session record is gone once the object is complete
+
+
+def test_tools_upload_is_the_same_upload_for_operators(emulator, digit_shards, tmp_path):
+    script = [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "upload.py")]
+    url = f"gs://{BUCKET}/tool-upload"
+    dry = subprocess.run([*script, str(digit_shards), url, "--dry-run"], capture_output=True, text=True)
+    assert dry.returncode == 0 and "would copy" in dry.stdout and gcs.listing(url + "/") == []
+    done = subprocess.run([*script, str(digit_shards), url], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    again = subprocess.run([*script, str(digit_shards), url], capture_output=True, text=True)
+    count = len(list(digit_shards.iterdir()))
+    assert f"0 files (0.0 MB), {count} already there with the same checksum" in again.stdout, again.stdout
+    assert len(gcs.listing(url + "/")) == len(list(digit_shards.iterdir()))
+    bad = subprocess.run([*script, str(digit_shards), "s3://elsewhere"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "s3://elsewhere" in bad.stderr and bad.stderr.count("\n") == 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -16,6 +18,8 @@ from typing import BinaryIO
 from .errors import ImagenetTrainError
 
 CHUNK = 8 * 1024 * 1024
+QUANTUM = 256 * 1024  # GCS commits resumable uploads in multiples of this
+RESUMABLE_MIN = 32 * 1024 * 1024  # smaller files just start over after an interruption
 
 
 @dataclass(frozen=True)
@@ -137,19 +141,107 @@ def file_crc32c(path: str) -> str:
 
 
 def upload(path: str, url: str) -> ObjectInfo:
-    """Upload a file and verify the stored checksum; an interrupted upload never leaves an object behind."""
+    """Upload a file and verify the stored checksum; an interrupted upload never leaves an object behind.
+
+    Files of RESUMABLE_MIN bytes and more go through a resumable session remembered on disk, so an upload
+    killed midway (a preempted node, Ctrl-C) continues from the last committed chunk when run again.
+    """
     bucket, name = split(url)
     local = file_crc32c(path)
     try:
-        blob = client().bucket(bucket).blob(name, chunk_size=CHUNK)
-        # Resumable and checksummed: the object only appears once the last chunk is committed.
-        blob.upload_from_filename(path, checksum="crc32c")
+        blob = client().bucket(bucket).blob(name, chunk_size=upload_chunk())
+        if os.path.getsize(path) >= RESUMABLE_MIN:
+            _upload_resumable(blob, path, url)
+        else:
+            blob.upload_from_filename(path, checksum="crc32c")
         blob.reload()
+    except ImagenetTrainError:
+        raise
     except Exception as error:
         raise explain(url, error) from None
     if blob.crc32c != local:
         raise ImagenetTrainError(f"{url}: stored checksum {blob.crc32c} differs from {path}'s {local}")
     return ObjectInfo(name, blob.size, blob.crc32c)
+
+
+def upload_chunk() -> int:
+    """Bytes per resumable chunk: IMAGENET_TRAIN_GCS_CHUNK (a multiple of 256 KiB), else 8 MiB."""
+    value = int(os.environ.get("IMAGENET_TRAIN_GCS_CHUNK") or CHUNK)
+    if value <= 0 or value % QUANTUM:
+        raise ImagenetTrainError(f"IMAGENET_TRAIN_GCS_CHUNK={value}: expected a positive multiple of {QUANTUM}")
+    return value
+
+
+def sessions_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.environ.get("IMAGENET_TRAIN_UPLOAD_SESSIONS") or os.path.join(base, "imagenet-train", "uploads")
+
+
+def _session_file(path: str, url: str) -> str:
+    stat = os.stat(path)
+    key = f"{url}\0{os.path.abspath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    return os.path.join(sessions_dir(), hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+
+
+def _persisted(answer) -> int:
+    """Bytes a 308 answer says the server holds."""
+    persisted = answer.headers.get("Range")
+    if not persisted:
+        return 0
+    end = int(persisted.rsplit("-", 1)[1]) + 1
+    # GCS only ever commits whole 256 KiB units before the last chunk; gcp-storage-emulator answers
+    # "bytes=0-0" for an empty session, which this reads as 0.
+    return end - end % QUANTUM
+
+
+def _committed(session, upload_url: str, size: int) -> int | None:
+    """Bytes the server holds for a session (None: the session expired or is unknown)."""
+    answer = session.put(upload_url, headers={"Content-Range": f"bytes */{size}"})
+    if answer.status_code in (200, 201):
+        return size
+    return _persisted(answer) if answer.status_code == 308 else None
+
+
+def _upload_resumable(blob, path: str, url: str) -> None:
+    size = os.path.getsize(path)
+    record_path = _session_file(path, url)
+    session = client()._http
+    record = None
+    if os.path.exists(record_path):
+        with open(record_path) as stream:
+            record = json.load(stream)
+    offset = _committed(session, record["session"], size) if record else None
+    if offset is None:
+        record = {"url": url, "path": os.path.abspath(path), "size": size}
+        record["session"] = blob.create_resumable_upload_session(size=size)
+        offset = 0
+    elif offset:
+        print(f"{url}: resuming an interrupted upload at {offset} of {size} bytes", flush=True)
+    chunk = upload_chunk()
+    with open(path, "rb") as stream:
+        while offset < size:
+            _write_json(record_path, {**record, "committed": offset})
+            stream.seek(offset)
+            data = stream.read(chunk)
+            end = offset + len(data) - 1
+            answer = session.put(
+                record["session"], data=data, headers={"Content-Range": f"bytes {offset}-{end}/{size}"}
+            )
+            if answer.status_code in (200, 201):
+                offset = size
+            elif answer.status_code == 308 and _persisted(answer) > offset:
+                offset = _persisted(answer)
+            else:
+                raise ImagenetTrainError(f"{url}: upload chunk at {offset} refused (HTTP {answer.status_code})")
+    os.unlink(record_path)
+
+
+def _write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w") as stream:
+        json.dump(data, stream)
+    os.replace(temporary, path)
 
 
 def download(url: str, path: str) -> ObjectInfo:
