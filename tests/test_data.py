@@ -1,8 +1,12 @@
 """Loaders, driven one virtual rank at a time: exact epochs, resampled lengths, corrupt samples."""
 
 import io
+import subprocess
+import sys
 import tarfile
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -134,11 +138,13 @@ def test_queue_mode_in_one_process_hands_every_shard_to_exactly_one_worker(digit
 class _NeedsEndpoint:
     """A transform that fails (so the sample counts as corrupt) unless the worker sees AIS_ENDPOINT."""
 
-    def __call__(self, image):
+    def __call__(self, data):
         import os
 
+        from imagenet_train.presets import decode_rgb
+
         assert os.environ.get("AIS_ENDPOINT") == "http://set-after-the-forkserver-started:1"
-        return image[:, :8, :8]
+        return decode_rgb(data)[:, :8, :8]
 
 
 def test_workers_see_io_environment_set_after_the_forkserver_started(digit_shards, monkeypatch):
@@ -148,3 +154,52 @@ def test_workers_see_io_environment_set_after_the_forkserver_started(digit_shard
     loader = EpochLoader(ShardStream(urls=source.val_urls, transform=_NeedsEndpoint(), batch_size=64), workers=2)
     assert sum(len(keys) for _, _, keys in loader) == 359
     assert loader.corrupt_samples == 0
+
+
+def _descendants(pid: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_rank_killed_outright_takes_its_forkserver_and_workers_with_it(digit_shards):
+    """SIGKILL a process mid-epoch: its loader cannot shut down, the kernel must end the workers."""
+    script = (
+        "import sys, time\n"
+        "from imagenet_train.data import EpochLoader, ShardStream, resolve_source\n"
+        "from imagenet_train.presets import ValPreset\n"
+        f"source = resolve_source({str(digit_shards)!r})\n"
+        "stream = ShardStream(urls=source.train_urls, transform=ValPreset(24, 24).build(), batch_size=8)\n"
+        "batches = iter(EpochLoader(stream, workers=2))\n"
+        "next(batches)\n"
+        "print('running', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "running"
+    helpers = _descendants(process.pid)
+    assert len(helpers) >= 3  # the forkserver and two workers
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in helpers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in helpers if _alive(pid)], "loader processes outlived their rank"

@@ -5,7 +5,10 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
+import os
 import random
+import signal
+import sys
 import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -16,7 +19,6 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from . import plan, storage
 from .cache import open_cached
 from .errors import ImagenetTrainError
-from .presets import decode_rgb
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +84,11 @@ def shuffled(items: Iterable, buffer: int, rng: random.Random) -> Iterator:
 
 
 def decoded(samples: Iterable[dict], transform: Callable, corrupt) -> Iterator[tuple]:
-    """(uint8 image, label, key) per sample; undecodable samples are skipped, logged and counted."""
+    """(uint8 image, label, key) per sample from `transform(jpeg bytes)`; undecodable samples are skipped,
+    logged and counted."""
     for sample in samples:
         try:
-            image = transform(decode_rgb(sample["jpg"]))
+            image = transform(sample["jpg"])
             label = int(sample["cls"])
         except Exception as error:  # any bad sample: PIL, libjpeg and parsing errors alike
             with corrupt.get_lock():
@@ -134,6 +137,30 @@ def worker_context() -> multiprocessing.context.BaseContext:
 
 
 _preloaded: list = []
+
+
+def die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies.
+
+    A rank killed outright (OOM killer, SIGKILL) cannot shut its loader down; without this its
+    forkserver and DataLoader workers live on, each holding hundreds of MB. The forkserver dies with
+    its rank, the workers with their forkserver (PyTorch's own watchdog only sees the forkserver).
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before the request took effect
+            os._exit(1)
+
+
+if "multiprocessing.forkserver" in " ".join(getattr(sys, "orig_argv", [])):
+    die_with_parent()  # imported as the forkserver's preload: this process is the forkserver
+
+
+def _worker_init(_: int) -> None:
+    die_with_parent()
 
 
 def _worker() -> tuple[int, int]:
@@ -241,6 +268,7 @@ class EpochLoader:
             prefetch_factor=4 if self.workers else None,
             multiprocessing_context=worker_context() if self.workers else None,
             timeout=self.timeout if self.workers else 0,
+            worker_init_fn=_worker_init if self.workers else None,
         )
         batches = iter(loader)
         try:
