@@ -19,6 +19,8 @@ HELP = {
     "val_urls": "validation shards as a URL spec (with --train-urls)",
     "train_samples": "samples in --train-urls (sets the epoch length)",
     "num_classes": "classes (0: from the index)",
+    "decoder": "train-time JPEG decoder: simplejpeg (decode, then crop the uint8 image), fused (crop and "
+    "DCT-scale inside libjpeg-turbo via PyTurboJPEG; needs libturbojpeg) or pil",
     "mode": "resampled: shards drawn at random, equal batches per rank; split: every sample once, under Join; "
     "queue: every sample once, shards handed out at run time to whichever rank is free",
     "batch_size": "batch size per rank",

@@ -10,6 +10,7 @@ from .errors import ImagenetTrainError
 
 MODES = ("resampled", "split", "queue")
 AMP_MODES = ("auto", "bf16", "fp16", "off")
+DECODERS = ("simplejpeg", "fused", "pil")
 
 
 @dataclass
@@ -26,6 +27,7 @@ class DataConfig:
     val_resize: int = 0  # 0: image_size / 0.875
     min_crop_scale: float = 0.08
     hflip: bool = True
+    decoder: str = "simplejpeg"  # train decoder; see DECODERS and BENCHMARKS.md for which is faster where
     shuffle_buffer: int = 1000
     epoch_batches: int = 0  # 0: one pass over the data; split mode: cut every rank at this many batches
     repeat: int = 1  # split mode: each worker reads its shards this many times per epoch
@@ -77,6 +79,15 @@ class Config:
             raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
         if data.mode not in MODES:
             raise ImagenetTrainError(f"--mode: expected one of {', '.join(MODES)}, got '{data.mode}'")
+        if data.decoder not in DECODERS:
+            raise ImagenetTrainError(f"--decoder: expected one of {', '.join(DECODERS)}, got '{data.decoder}'")
+        if data.decoder == "fused":
+            from .jpegcrop import available
+
+            if not available():
+                raise ImagenetTrainError(
+                    "--decoder fused: needs PyTurboJPEG 1.8 and libturbojpeg (apt-get install libturbojpeg0)"
+                )
         if self.run.amp not in AMP_MODES:
             raise ImagenetTrainError(f"--amp: expected one of {', '.join(AMP_MODES)}, got '{self.run.amp}'")
         for name in ("batch_size", "image_size"):

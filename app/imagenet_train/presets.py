@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,29 +20,55 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+def decode_pil(data: bytes) -> torch.Tensor:
+    """Any PIL-readable bytes to a uint8 CHW RGB tensor."""
+    with Image.open(io.BytesIO(data)) as image:
+        array = np.asarray(image.convert("RGB"))
+    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
+
+
 def decode_rgb(data: bytes) -> torch.Tensor:
     """JPEG (or any PIL-readable) bytes to a uint8 CHW RGB tensor; libjpeg-turbo first, PIL as fallback."""
     try:
         array = simplejpeg.decode_jpeg(data, colorspace="RGB")
     except ValueError:
-        with Image.open(io.BytesIO(data)) as image:
-            array = np.asarray(image.convert("RGB"))
+        return decode_pil(data)
     return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
 
 
 @dataclass(frozen=True)
+class DecodeThen:
+    """bytes → uint8 CHW tensor: decode, then a transform on the decoded image (picklable for workers)."""
+
+    decode: Callable[[bytes], torch.Tensor]
+    transform: Callable[[torch.Tensor], torch.Tensor]
+
+    def __call__(self, data: bytes) -> torch.Tensor:
+        return self.transform(self.decode(data))
+
+
+@dataclass(frozen=True)
 class TrainPreset:
-    """RandomResizedCrop to `size` (area fraction from `min_scale` to 1) and an optional horizontal flip."""
+    """RandomResizedCrop to `size` (area fraction from `min_scale` to 1) and an optional horizontal flip.
+
+    `decoder` picks how: simplejpeg or pil decode the whole image and crop the uint8 tensor; fused crops and
+    scales inside libjpeg-turbo (imagenet_train.jpegcrop). All three draw the same crop distribution.
+    """
 
     size: int = 224
     min_scale: float = 0.08
     hflip: bool = True
+    decoder: str = "simplejpeg"
 
-    def build(self) -> v2.Transform:
+    def build(self) -> Callable[[bytes], torch.Tensor]:
+        if self.decoder == "fused":
+            from .jpegcrop import FusedCropDecoder
+
+            return FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip)
         stages = [v2.RandomResizedCrop(self.size, scale=(self.min_scale, 1.0), antialias=True)]
         if self.hflip:
             stages.append(v2.RandomHorizontalFlip())
-        return v2.Compose(stages)
+        return DecodeThen(decode_pil if self.decoder == "pil" else decode_rgb, v2.Compose(stages))
 
 
 @dataclass(frozen=True)
@@ -51,9 +78,9 @@ class ValPreset:
     size: int = 224
     resize: int | None = None
 
-    def build(self) -> v2.Transform:
+    def build(self) -> Callable[[bytes], torch.Tensor]:
         resize = self.resize or round(self.size / 0.875)
-        return v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(self.size)])
+        return DecodeThen(decode_rgb, v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(self.size)]))
 
 
 def normalize(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor:

@@ -122,7 +122,7 @@ class Trainer:
         data, info = self.cfg.data, self.info
         stream = ShardStream(
             urls=self.source.train_urls,
-            transform=TrainPreset(data.image_size, data.min_crop_scale, data.hflip).build(),
+            transform=TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder).build(),
             batch_size=data.batch_size,
             rank=info.rank,
             world=info.world,
