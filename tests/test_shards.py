@@ -137,7 +137,8 @@ def test_original_ilsvrc_tars_are_read_in_place_without_extracting(tmp_path):
     assert sorted(os.listdir(root)) == ["ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar"]  # nothing extracted
 
 
-def test_imagenet_quirks_are_reencoded_or_skipped_and_reported(tmp_path):
+@pytest.mark.parametrize("verify", ["full", "header"])
+def test_imagenet_quirks_are_reencoded_or_skipped_and_reported(tmp_path, verify):
     folder = tmp_path / "in" / "train" / "n01"
     folder.mkdir(parents=True)
     good = jpeg_bytes(1)
@@ -147,7 +148,7 @@ def test_imagenet_quirks_are_reencoded_or_skipped_and_reported(tmp_path):
     (folder / "n01_png.JPEG").write_bytes(jpeg_bytes(4, fmt="PNG"))
     (folder / "n01_cut.JPEG").write_bytes(good[: len(good) // 2])
     (folder / "notes.txt").write_text("not an image")
-    doc = convert(str(tmp_path / "in"), str(tmp_path / "out"), ShardOptions(), progress=False)
+    doc = convert(str(tmp_path / "in"), str(tmp_path / "out"), ShardOptions(verify=verify), progress=False)
     reasons = {Path(r["source"]).name: r["reason"] for r in doc["reencoded"]}
     assert set(reasons) == {"n01_cmyk.JPEG", "n01_png.JPEG"}
     assert "CMYK" in reasons["n01_cmyk.JPEG"] and "PNG" in reasons["n01_png.JPEG"]

@@ -98,6 +98,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
         seed=args.seed,
         resize=args.resize or None,
         quality=args.quality,
+        verify=args.verify,
     )
     output = args.output
     if output.startswith("gs://"):
@@ -340,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
     shards.add_argument("--seed", type=int, default=0, help="seed of the sample shuffle across shards")
     shards.add_argument("--resize", type=int, default=0, help="re-encode images with a larger short side (0: keep)")
     shards.add_argument("--quality", type=int, default=90, help="JPEG quality when re-encoding")
+    shards.add_argument(
+        "--verify",
+        default="full",
+        choices=["full", "header"],
+        help="full: decode every image (catches any corruption); header: header and end marker (I/O speed)",
+    )
     shards.add_argument("--val-labels", default=None, help="LOC_val_solution.csv or '<file> <wnid>' lines")
     shards.add_argument("--list", type=int, default=20, help="skipped/re-encoded files to list")
     shards.add_argument("--quiet", action="store_true", help="no progress bar")

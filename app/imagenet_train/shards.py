@@ -31,6 +31,7 @@ class ShardOptions:
     seed: int = 0
     resize: int | None = None
     quality: int = 90
+    verify: str = "full"  # images.VERIFY: "full" decodes every image, "header" checks header and end marker
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def write_shard(job: ShardJob, output: str, class_index: dict[str, int], options
     with tarfile.open(temporary, "w", format=tarfile.USTAR_FORMAT) as archive:
         for image in job.images:
             try:
-                data, note = images.prepare(image.read(), options.resize, options.quality)
+                data, note = images.prepare(image.read(), options.resize, options.quality, options.verify)
             except images.UnusableImage as reason:
                 skipped.append({"source": image.describe(), "reason": str(reason)})
                 continue
@@ -169,6 +170,8 @@ def convert(
     """Convert the dataset at `source` into shards and `shards.json` in `output`; resumes finished work."""
     if options.maxcount < 1 or options.maxsize < 1 or options.workers < 1:
         raise ImagenetTrainError("--maxcount, --maxsize and --workers must be positive")
+    if options.verify not in images.VERIFY:
+        raise ImagenetTrainError(f"--verify: expected one of {', '.join(images.VERIFY)}, got '{options.verify}'")
     dataset = discover(source, val_labels)
     os.makedirs(output, exist_ok=True)
     class_index = {wnid: i for i, wnid in enumerate(dataset.classes)}
