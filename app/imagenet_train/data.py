@@ -9,14 +9,13 @@ import os
 import random
 import signal
 import sys
-import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from . import plan, storage
+from . import plan, storage, tarstream
 from .cache import open_cached
 from .errors import ImagenetTrainError
 
@@ -29,19 +28,16 @@ def samples_in_tar(stream, url: str) -> Iterator[dict]:
     """Group a tar stream's consecutive members by key into WebDataset samples."""
     sample: dict | None = None
     try:
-        with tarfile.open(fileobj=stream, mode="r|") as archive:
-            for member in archive:
-                if not member.isreg():
-                    continue
-                name = member.name.rsplit("/", 1)[-1]
-                key, _, extension = name.partition(".")
-                prefix = member.name[: len(member.name) - len(name)] + key
-                if sample is None or sample["__key__"] != prefix:
-                    if sample is not None:
-                        yield sample
-                    sample = {"__key__": prefix, "__url__": url}
-                sample[extension.lower()] = archive.extractfile(member).read()
-    except tarfile.TarError as error:
+        for member, data in tarstream.members(stream):
+            name = member.rsplit("/", 1)[-1]
+            key, _, extension = name.partition(".")
+            prefix = member[: len(member) - len(name)] + key
+            if sample is None or sample["__key__"] != prefix:
+                if sample is not None:
+                    yield sample
+                sample = {"__key__": prefix, "__url__": url}
+            sample[extension.lower()] = data
+    except tarstream.TarFormatError as error:
         raise ImagenetTrainError(f"{url}: corrupt shard ({error})") from None
     if sample is not None:
         yield sample
