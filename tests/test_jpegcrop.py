@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from scipy import stats
 
-from imagenet_train import jpegcrop
+from imagenet_train import crops, jpegcrop
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Config
 from imagenet_train.data import EpochLoader, ShardStream, resolve_source
@@ -46,7 +46,7 @@ def box_features(boxes: list[tuple[int, int, int, int]], height: int, width: int
 @pytest.mark.parametrize(("height", "width"), [(375, 500), (500, 333), (64, 900)])
 def test_crop_boxes_follow_torchvisions_random_resized_crop_distribution(height, width):
     torch.manual_seed(0)
-    ours = [tuple(vars(jpegcrop.random_resized_crop_box(height, width)).values()) for _ in range(20000)]
+    ours = [tuple(vars(crops.random_resized_crop_box(height, width)).values()) for _ in range(20000)]
     torch.manual_seed(1)
     reference = v2.RandomResizedCrop(224)
     image = torch.zeros(3, height, width, dtype=torch.uint8)
@@ -62,8 +62,8 @@ def test_crop_boxes_follow_torchvisions_random_resized_crop_distribution(height,
 
 def test_the_distribution_test_tells_a_different_scale_range_apart():
     torch.manual_seed(0)
-    wide = [tuple(vars(jpegcrop.random_resized_crop_box(375, 500)).values()) for _ in range(5000)]
-    narrow = [tuple(vars(jpegcrop.random_resized_crop_box(375, 500, (0.3, 1.0))).values()) for _ in range(5000)]
+    wide = [tuple(vars(crops.random_resized_crop_box(375, 500)).values()) for _ in range(5000)]
+    narrow = [tuple(vars(crops.random_resized_crop_box(375, 500, (0.3, 1.0))).values()) for _ in range(5000)]
     result = stats.ks_2samp(box_features(narrow, 375, 500)["area"], box_features(wide, 375, 500)["area"])
     assert result.pvalue < 1e-6
 
@@ -71,11 +71,11 @@ def test_the_distribution_test_tells_a_different_scale_range_apart():
 @pytest.mark.parametrize(
     "box",
     [
-        jpegcrop.Box(0, 0, 375, 500),  # everything: DCT scale 5/8 (375 -> 234)
-        jpegcrop.Box(37, 60, 300, 280),  # inside: lossless crop, scale 7/8 or 3/4
-        jpegcrop.Box(100, 200, 120, 130),  # small: lossless crop, full-size decode, upscaled
-        jpegcrop.Box(200, 300, 175, 200),  # touches the right/bottom partial MCUs: whole-image path
-        jpegcrop.Box(5, 3, 240, 230),  # unaligned origin
+        crops.Box(0, 0, 375, 500),  # everything: DCT scale 5/8 (375 -> 234)
+        crops.Box(37, 60, 300, 280),  # inside: lossless crop, scale 7/8 or 3/4
+        crops.Box(100, 200, 120, 130),  # small: lossless crop, full-size decode, upscaled
+        crops.Box(200, 300, 175, 200),  # touches the right/bottom partial MCUs: whole-image path
+        crops.Box(5, 3, 240, 230),  # unaligned origin
     ],
 )
 def test_fused_crop_matches_decode_then_crop_within_a_small_pixel_error(box):

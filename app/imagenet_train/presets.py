@@ -12,9 +12,11 @@ import torch
 from PIL import Image
 
 from .compat import ensure_torchvision
+from .crops import random_resized_crop_box
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402
+from torchvision.transforms.v2 import functional  # noqa: E402
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -48,6 +50,23 @@ class DecodeThen:
 
 
 @dataclass(frozen=True)
+class RandomResizedCropFlip:
+    """v2.RandomResizedCrop + RandomHorizontalFlip on a uint8 CHW tensor: the same random draws, called
+    directly (the v2 container's dispatch costs as much as the resize itself)."""
+
+    size: int
+    scale: tuple[float, float]
+    hflip: bool
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        box = random_resized_crop_box(image.shape[-2], image.shape[-1], self.scale)
+        out = functional.resized_crop(image, box.top, box.left, box.height, box.width, [self.size] * 2, antialias=True)
+        if self.hflip and torch.rand(1).item() < 0.5:
+            out = out.flip(-1)
+        return out
+
+
+@dataclass(frozen=True)
 class TrainPreset:
     """RandomResizedCrop to `size` (area fraction from `min_scale` to 1) and an optional horizontal flip.
 
@@ -65,10 +84,8 @@ class TrainPreset:
             from .jpegcrop import FusedCropDecoder
 
             return FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip)
-        stages = [v2.RandomResizedCrop(self.size, scale=(self.min_scale, 1.0), antialias=True)]
-        if self.hflip:
-            stages.append(v2.RandomHorizontalFlip())
-        return DecodeThen(decode_pil if self.decoder == "pil" else decode_rgb, v2.Compose(stages))
+        crop = RandomResizedCropFlip(self.size, (self.min_scale, 1.0), self.hflip)
+        return DecodeThen(decode_pil if self.decoder == "pil" else decode_rgb, crop)
 
 
 @dataclass(frozen=True)
