@@ -71,13 +71,29 @@ def _add(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     archive.addfile(info, io.BytesIO(data))
 
 
-def _file_digests(path: str) -> tuple[str, str]:
-    md5, sha256 = hashlib.md5(), hashlib.sha256()
-    with open(path, "rb") as stream:
-        while block := stream.read(1 << 20):
-            md5.update(block)
-            sha256.update(block)
-    return md5.hexdigest(), sha256.hexdigest()
+class _DigestingWriter(io.RawIOBase):
+    """A file that hashes what is written to it, so a shard is never read back just to checksum it."""
+
+    def __init__(self, path: str):
+        self.file = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 - closed in close()
+        self.md5, self.sha256, self.size = hashlib.md5(), hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.size
+
+    def write(self, data) -> int:
+        self.md5.update(data)
+        self.sha256.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.file.close()
+        super().close()
 
 
 def write_shard(job: ShardJob, output: str, class_index: dict[str, int], options: ShardOptions) -> dict:
@@ -85,7 +101,8 @@ def write_shard(job: ShardJob, output: str, class_index: dict[str, int], options
     path = os.path.join(output, job.name)
     temporary = f"{path}.tmp{os.getpid()}"
     skipped, reencoded, count = [], [], 0
-    with tarfile.open(temporary, "w", format=tarfile.USTAR_FORMAT) as archive:
+    sink = _DigestingWriter(temporary)
+    with sink, tarfile.open(fileobj=sink, mode="w", format=tarfile.USTAR_FORMAT) as archive:
         for image in job.images:
             try:
                 data, note = images.prepare(image.read(), options.resize, options.quality, options.verify)
@@ -102,13 +119,12 @@ def write_shard(job: ShardJob, output: str, class_index: dict[str, int], options
             _add(archive, f"{image.key}.wnid", image.wnid.encode())
             count += 1
     os.replace(temporary, path)
-    md5sum, sha256 = _file_digests(path)
     return {
         "url": job.name,
         "nsamples": count,
-        "filesize": os.path.getsize(path),
-        "md5sum": md5sum,
-        "sha256": sha256,
+        "filesize": sink.size,
+        "md5sum": sink.md5.hexdigest(),
+        "sha256": sink.sha256.hexdigest(),
         "digest": job.digest,
         "split": job.split,
         "skipped": skipped,
