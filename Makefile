@@ -26,6 +26,7 @@ help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite"
 	@echo "make lint   - ruff"
+	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into BENCHMARKS.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
 	@echo "make build push [REGISTRY=.. IMAGE=.. TAG=..] - build and push the training image"
 	@echo "make shell / make docker-run - a shell in the image / the 2-GPU job in a container"
@@ -94,9 +95,13 @@ docker-run:
 	$(CONTAINER) run --rm --gpus $(GPUS) --ipc=host -v $(SHARDS):/shards:ro -v $(RESULTS):/results $(IMAGE_REF) \
 	  launch --nproc-per-node $(GPUS) -- train --shards /shards --run-dir /results/$(TAG) $(ARGS)
 
+# P1-P5 side by side on this machine into BENCHMARKS.md (P6 needs a GPU: see bench/gpu.py).
+bench: venv system-deps
+	$(BIN)/python bench/report.py --workdir bench/.work --out BENCHMARKS.md
+
 lint: venv
-	$(BIN)/ruff check app tests tools
-	$(BIN)/ruff format --check app tests tools
+	$(BIN)/ruff check app tests tools bench
+	$(BIN)/ruff format --check app tests tools bench
 
 clean:
 	rm -rf demo runs .pytest_cache

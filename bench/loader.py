@@ -1,0 +1,124 @@
+"""P1 and P2: images per second into the training step.
+
+P1: our train pipeline (shards → decode → RandomResizedCrop 224 → flip → batch → normalise) against what
+users would write (`torchvision.datasets.ImageFolder` + `DataLoader` over the same JPEGs as files, the same
+transforms with ToTensor/Normalize in the workers), with the same number of workers.
+P2: the same decode + augment in a bare loop in one process (no loader), times the workers: the limit.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import time
+from pathlib import Path
+
+import torch
+
+from imagenet_train.compat import ensure_torchvision
+from imagenet_train.data import EpochLoader, ShardStream, resolve_source
+from imagenet_train.presets import IMAGENET_MEAN, IMAGENET_STD, TrainPreset, normalize
+
+ensure_torchvision()
+from torch.utils.data import DataLoader  # noqa: E402
+from torchvision import datasets  # noqa: E402
+from torchvision.transforms import v2  # noqa: E402
+
+BATCH = 64
+
+
+def ours(shards: Path, workers: int, decoder: str, normalized: bool = True) -> float:
+    """Images/s through EpochLoader (split mode: every image once); `normalized`: also turned into the
+    float batch the model takes, on this CPU (in training that happens on the GPU, after the copy)."""
+    source = resolve_source(str(shards))
+    stream = ShardStream(
+        urls=source.train_urls,
+        transform=TrainPreset(224, decoder=decoder).build(),
+        batch_size=BATCH,
+        resampled=False,
+        shuffle_buffer=1000,
+    )
+    return _timed(EpochLoader(stream, workers), (lambda batch: normalize(batch[0])) if normalized else (lambda b: b[0]))
+
+
+def baseline(images: Path, workers: int) -> float:
+    """Images/s through ImageFolder + DataLoader: PIL decode, v2 RandomResizedCrop, flip, float, normalise."""
+    transform = v2.Compose(
+        [
+            v2.RandomResizedCrop(224, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+    folder = datasets.ImageFolder(str(images / "train"), transform=transform)
+    loader = DataLoader(folder, batch_size=BATCH, shuffle=True, num_workers=workers, persistent_workers=False)
+    return _timed(loader, lambda batch: batch[0])
+
+
+def _timed(loader, consume) -> float:
+    """Throughput from the first batch on (worker start-up is P5's subject, not this one's)."""
+    count, start = 0, None
+    for batch in loader:
+        images = consume(batch)
+        if start is None:
+            start = time.perf_counter()
+            continue
+        count += images.shape[0]
+    return count / (time.perf_counter() - start)
+
+
+def bare(shards: Path, decoder: str, limit: int = 600) -> float:
+    """Images/s of decode + augment alone, one process, JPEG bytes already in memory."""
+    transform = TrainPreset(224, decoder=decoder).build()
+    jpegs = []
+    for url in resolve_source(str(shards)).train_urls:
+        with tarfile.open(url) as tar:
+            jpegs += [tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".jpg")]
+        if len(jpegs) >= limit:
+            break
+    for data in jpegs[:20]:
+        transform(data)
+    start = time.perf_counter()
+    for data in jpegs[:limit]:
+        transform(data)
+    return min(limit, len(jpegs)) / (time.perf_counter() - start)
+
+
+def run(images: Path, shards: Path, workers: int, repeats: int = 3) -> dict:
+    """P1 and P2 side by side, interleaved, best of `repeats` each (other tenants only ever slow a run down)."""
+    torch.set_num_threads(1)
+    measures = {
+        "baseline": lambda: baseline(images, workers),
+        "bare_pil_baseline_transform": lambda: _bare_baseline(images),
+    }
+    for decoder in ("simplejpeg", "fused"):
+        measures[f"ours_{decoder}"] = lambda d=decoder: ours(shards, workers, d)
+        measures[f"bare_{decoder}"] = lambda d=decoder: bare(shards, d)
+        measures[f"ours_uint8_{decoder}"] = lambda d=decoder: ours(shards, workers, d, normalized=False)
+    runs: dict[str, list[float]] = {name: [] for name in measures}
+    for _ in range(repeats):
+        for name, measure in measures.items():
+            runs[name].append(measure())
+    return {"workers": workers, **{name: max(values) for name, values in runs.items()}, "runs": runs}
+
+
+def _bare_baseline(images: Path, limit: int = 300) -> float:
+    """The baseline's per-image work in a bare loop (PIL decode + its transforms), for the per-image ratio."""
+    from PIL import Image
+
+    transform = v2.Compose(
+        [
+            v2.RandomResizedCrop(224, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+    paths = sorted((images / "train").rglob("*.JPEG"))[:limit]
+    start = time.perf_counter()
+    for path in paths:
+        with Image.open(path) as image:
+            transform(image.convert("RGB"))
+    return len(paths) / (time.perf_counter() - start)
