@@ -40,9 +40,9 @@ def ours(shards: Path, workers: int, decoder: str, normalized: bool = True) -> f
     return _timed(EpochLoader(stream, workers), (lambda batch: normalize(batch[0])) if normalized else (lambda b: b[0]))
 
 
-def baseline(images: Path, workers: int) -> float:
-    """Images/s through ImageFolder + DataLoader: PIL decode, v2 RandomResizedCrop, flip, float, normalise."""
-    transform = v2.Compose(
+def baseline_transform() -> v2.Transform:
+    """What the torchvision reference script does per image: crop, flip, float, normalise (on PIL input)."""
+    return v2.Compose(
         [
             v2.RandomResizedCrop(224, antialias=True),
             v2.RandomHorizontalFlip(),
@@ -51,6 +51,11 @@ def baseline(images: Path, workers: int) -> float:
             v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
         ]
     )
+
+
+def baseline(images: Path, workers: int) -> float:
+    """Images/s through ImageFolder + DataLoader: PIL decode, v2 RandomResizedCrop, flip, float, normalise."""
+    transform = baseline_transform()
     folder = datasets.ImageFolder(str(images / "train"), transform=transform)
     loader = DataLoader(folder, batch_size=BATCH, shuffle=True, num_workers=workers, persistent_workers=False)
     return _timed(loader, lambda batch: batch[0])
@@ -107,15 +112,7 @@ def _bare_baseline(images: Path, limit: int = 300) -> float:
     """The baseline's per-image work in a bare loop (PIL decode + its transforms), for the per-image ratio."""
     from PIL import Image
 
-    transform = v2.Compose(
-        [
-            v2.RandomResizedCrop(224, antialias=True),
-            v2.RandomHorizontalFlip(),
-            v2.ToImage(),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-        ]
-    )
+    transform = baseline_transform()
     paths = sorted((images / "train").rglob("*.JPEG"))[:limit]
     start = time.perf_counter()
     for path in paths:
