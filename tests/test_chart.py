@@ -484,3 +484,14 @@ def test_documented_pipeline_hands_kubectl_apply_a_well_formed_stream(tmp_path):
         text=True,
     )
     assert real.returncode == 0 and len(real.stdout.split()) == len(parse(stream))
+
+
+def test_a_packaged_chart_carries_the_nginx_conf_itself_not_a_link(tmp_path):
+    result = subprocess.run([tool("helm"), "package", str(CHART), "-d", str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    import tarfile
+
+    with tarfile.open(next(tmp_path.glob("imagenet-train-*.tgz"))) as package:
+        member = package.getmember("imagenet-train/files/nginx.conf")
+        assert member.isreg()
+        assert package.extractfile(member).read() == (ROOT / "images" / "shard-server" / "nginx.conf").read_bytes()
