@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -489,8 +490,6 @@ def test_documented_pipeline_hands_kubectl_apply_a_well_formed_stream(tmp_path):
 def test_a_packaged_chart_carries_the_nginx_conf_itself_not_a_link(tmp_path):
     result = subprocess.run([tool("helm"), "package", str(CHART), "-d", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    import tarfile
-
     with tarfile.open(next(tmp_path.glob("imagenet-train-*.tgz"))) as package:
         member = package.getmember("imagenet-train/files/nginx.conf")
         assert member.isreg()
