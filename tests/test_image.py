@@ -180,7 +180,7 @@ def test_image_runs_the_chart_probe_under_the_charts_restricted_security_context
         "python3",
         IMAGE,
         "-c",
-        "import google.cloud.storage, imagenet_train.gcs; from imagenet_train.jpegcrop import available; "
+        "import google.cloud.storage, imagenet_train.gcs, boto3; from imagenet_train.jpegcrop import available; "
         "print('gcs ok' if available() else 'no libturbojpeg')",
         check=False,
     )

@@ -161,6 +161,10 @@ def open_stream(location: str, retries: int = 5) -> BinaryIO:
         from . import gcs
 
         return gcs.open_read(location)
+    if scheme == "s3":
+        from . import s3
+
+        return s3.open_read(location, retries=retries)
     if scheme == "ais":
         return io.BufferedReader(HTTPStream(ais_http_url(location), retries=retries), buffer_size=1 << 20)
     if is_url(location):
