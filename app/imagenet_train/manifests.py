@@ -8,6 +8,7 @@ tests/test_chart.py renders a matrix of values both ways and requires identical 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -231,8 +232,8 @@ def _environment(templates: Path):
 
 
 def render(
-    files: list[str] = (),  # type: ignore[assignment]
-    sets: list[str] = (),  # type: ignore[assignment]
+    files: Sequence[str] = (),
+    sets: Sequence[str] = (),
     release: str = "imagenet-train",
     namespace: str = "default",
     chart_dir: Path | None = None,
