@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -122,3 +126,32 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run the `imagenet-train` console script."""
     executable = Path(sys.executable).with_name("imagenet-train")
     return subprocess.run([str(executable), *args], capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def local_service(command: list[str], probe_url: str, environment: dict[str, str]) -> Iterator[None]:
+    """Run a real server process (an emulator) on loopback until `probe_url` answers, with `environment` set
+    for the test; stop it and restore the environment afterwards."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(probe_url, timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                pytest.fail(f"{Path(command[0]).name} did not start")
+            time.sleep(0.1)
+    previous = {key: os.environ.get(key) for key in environment}
+    os.environ.update(environment)
+    try:
+        yield
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

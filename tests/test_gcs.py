@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.presets import ValPreset
 from imagenet_train.serve import free_port
 
-from conftest import SMALL_TRAIN, cli, read_metrics, torchrun
+from conftest import SMALL_TRAIN, cli, local_service, read_metrics, torchrun
 
 BUCKET = "imagenet-train-test"
 
@@ -28,44 +27,13 @@ BUCKET = "imagenet-train-test"
 @pytest.fixture(scope="module")
 def emulator():
     port = free_port()
-    executable = Path(sys.executable).with_name("gcp-storage-emulator")
-    process = subprocess.Popen(
-        [
-            str(executable),
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--in-memory",
-            "--default-bucket",
-            BUCKET,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    executable = str(Path(sys.executable).with_name("gcp-storage-emulator"))
+    command = [executable, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
     host = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{host}/storage/v1/b", timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                pytest.fail("gcp-storage-emulator did not start")
-            time.sleep(0.1)
-    previous = os.environ.get("STORAGE_EMULATOR_HOST")
-    os.environ["STORAGE_EMULATOR_HOST"] = host
+    with local_service([*command, "--default-bucket", BUCKET], f"{host}/storage/v1/b", {"STORAGE_EMULATOR_HOST": host}):
+        gcs.client.cache_clear()
+        yield host
     gcs.client.cache_clear()
-    yield host
-    process.terminate()
-    process.wait(timeout=10)
-    gcs.client.cache_clear()
-    if previous is None:
-        os.environ.pop("STORAGE_EMULATOR_HOST", None)
-    else:
-        os.environ["STORAGE_EMULATOR_HOST"] = previous
 
 
 @pytest.fixture(scope="module")

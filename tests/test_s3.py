@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,7 +13,7 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.presets import ValPreset
 from imagenet_train.serve import free_port
 
-from conftest import cli
+from conftest import cli, local_service
 
 BUCKET = "imagenet-train-s3"
 
@@ -25,40 +21,18 @@ BUCKET = "imagenet-train-s3"
 @pytest.fixture(scope="module")
 def s3_server():
     port = free_port()
-    server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(endpoint, timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                pytest.fail("moto_server did not start")
-            time.sleep(0.1)
     settings = {
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
-    previous = {key: os.environ.get(key) for key in settings}
-    os.environ.update(settings)
+    command = [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)]
+    with local_service(command, endpoint, settings):
+        s3.client.cache_clear()
+        yield endpoint
     s3.client.cache_clear()
-    yield endpoint
-    server.terminate()
-    server.wait(timeout=10)
-    s3.client.cache_clear()
-    for key, value in previous.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 @pytest.fixture(scope="module")
