@@ -1,16 +1,16 @@
 """`imagenet-train probe`: is the shard source ready? Fetch the index and read one shard end to end.
 
-The chart runs it twice: as the training pods' init container (`--wait`, so a job never starts
-before its shard server answers or a bucket fill has written the index) and as the `helm test` hook.
+The chart runs it twice: inside every training pod before torchrun (`imagenet-train launch --wait-for`, so
+a job never starts before its shard server answers or a bucket fill has written the index) and as the
+`helm test` hook.
 """
 
 from __future__ import annotations
 
-import tarfile
 import time
 from dataclasses import dataclass
 
-from . import storage
+from . import storage, tarstream
 from .errors import ImagenetTrainError
 from .index import ShardIndex, load_index
 
@@ -26,16 +26,12 @@ class ProbeResult:
 
 
 def read_shard(url: str, retries: int) -> tuple[int, int]:
-    """Bytes and samples (distinct keys) of one shard, read through the loaders' own opener."""
-    keys: set[str] = set()
+    """Bytes and samples (distinct keys) of one shard, read through the loaders' own opener and tar reader."""
     with storage.open_stream(url, retries=retries) as raw:
         counter = _CountingReader(raw)
         try:
-            with tarfile.open(fileobj=counter, mode="r|") as tar:
-                for member in tar:
-                    if member.isfile():
-                        keys.add(member.name.split(".", 1)[0])
-        except tarfile.TarError as error:
+            keys = {name.split(".", 1)[0] for name, _ in tarstream.members(counter)}
+        except tarstream.TarFormatError as error:
             raise ImagenetTrainError(f"{url}: not a readable tar shard ({error})") from None
     return counter.count, len(keys)
 
