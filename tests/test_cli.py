@@ -45,9 +45,10 @@ def test_train_with_no_index_is_one_line(tmp_path):
     _assert_one_line_error(cli("train", "--shards", str(tmp_path)), "no shard index here")
 
 
-def test_train_against_an_unreachable_server_fails_after_retries(tmp_path):
+def test_train_against_an_unreachable_server_fails_after_the_io_budget(tmp_path):
     url = f"http://127.0.0.1:{free_port()}/shards.json"
-    _assert_one_line_error(cli("train", "--shards", url, "--retries", "1"), url, "unreachable after 2 attempts")
+    result = cli("train", "--shards", url, "--io-timeout", "2")
+    _assert_one_line_error(result, url, "unreachable for", "Connection refused")
 
 
 def test_missing_shard_during_training_names_it_from_the_worker(digit_shards, tmp_path):
@@ -111,6 +112,8 @@ def test_a_stalled_shard_server_fails_the_run_with_a_message_not_a_hang(digit_sh
             "1",
             "--epochs",
             "1",
+            "--io-timeout",
+            "2",
             "--loader-timeout",
             "4",
             "--run-dir",

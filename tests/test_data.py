@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from imagenet_train import plan
-from imagenet_train.data import EpochLoader, ShardStream, resolve_source
+from imagenet_train.data import EpochLoader, ShardInfo, ShardReading, ShardStream, resolve_source
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.presets import TrainPreset, ValPreset
 
@@ -26,7 +26,6 @@ def stream(urls, rank=0, world=1, batch=16, resampled=False, **kw):
         rank=rank,
         world=world,
         resampled=resampled,
-        retries=1,
         **kw,
     )
 
@@ -104,13 +103,32 @@ def test_resampled_stream_over_empty_shards_fails_instead_of_spinning(tmp_path):
         list(loader)
 
 
-def test_a_truncated_shard_is_an_error_naming_it(tmp_path):
+def _cut_shard(tmp_path) -> str:
     samples = {f"s{i}": {"jpg": jpeg_bytes(i), "cls": b"0"} for i in range(4)}
     _shard(tmp_path / "a.tar", samples)
     data = (tmp_path / "a.tar").read_bytes()
     (tmp_path / "cut.tar").write_bytes(data[: len(data) // 2 + 100])
-    with pytest.raises(ImagenetTrainError, match="cut.tar"):
-        list(EpochLoader(stream([str(tmp_path / "cut.tar")]), workers=0))
+    return str(tmp_path / "cut.tar")
+
+
+def test_a_truncated_shard_keeps_the_samples_before_the_damage_and_counts_the_rest(tmp_path, caplog):
+    cut = _cut_shard(tmp_path)
+    reading = ShardReading(expected={cut: ShardInfo(samples=4)})
+    urls = [cut, str(tmp_path / "a.tar")]
+    loader = EpochLoader(stream(urls, shuffle_shards=False, shuffle_buffer=0, reading=reading), workers=0)
+    keys = keys_of(loader)
+    kept = len(keys) - 4  # a.tar is whole
+    assert 0 < kept < 4 and keys[:kept] == [f"s{i}" for i in range(kept)]
+    assert loader.damage() == (0, 1, 4 - kept)  # (corrupt samples, broken shards, lost samples)
+    warnings = [r.getMessage() for r in caplog.records if "broken shard" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith(f"broken shard {cut}: truncated member s{kept}.")
+    assert warnings[0].endswith(f"; kept {kept} samples, lost {4 - kept}")
+
+
+def test_a_truncated_shard_is_an_error_naming_it_when_damage_must_stop_the_run(tmp_path):
+    cut = _cut_shard(tmp_path)
+    with pytest.raises(ImagenetTrainError, match="cut.tar: broken shard .*--on-broken-shard fail"):
+        list(EpochLoader(stream([cut], reading=ShardReading(on_broken="fail")), workers=0))
 
 
 def test_loader_reads_shards_over_http_from_nginx(shard_server, digit_shards):

@@ -2,6 +2,7 @@
 
 import http.server
 import threading
+import time
 
 import pytest
 
@@ -23,10 +24,12 @@ def test_missing_object_is_a_one_line_error_naming_the_url(shard_server):
     assert url in str(caught.value)
 
 
-def test_unreachable_server_fails_after_retries_not_a_hang():
+def test_unreachable_server_fails_after_the_io_budget_not_a_hang():
     url = f"http://127.0.0.1:{free_port()}/x.tar"
-    with pytest.raises(ImagenetTrainError, match="unreachable after 3 attempts"):
-        storage.open_stream(url, retries=2)
+    started = time.monotonic()
+    with pytest.raises(ImagenetTrainError, match="unreachable for [0-9]+ s .Connection refused"):
+        storage.open_stream(url, io_timeout=2)
+    assert time.monotonic() - started < 10  # the budget bounds the wait (2 s, plus one capped backoff)
 
 
 class _DroppingHandler(http.server.BaseHTTPRequestHandler):
@@ -60,7 +63,7 @@ def test_dropped_http_stream_resumes_with_a_range_request():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _DroppingHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with storage.open_stream(f"http://127.0.0.1:{port}/x.tar", retries=3) as stream:
+        with storage.open_stream(f"http://127.0.0.1:{port}/x.tar", io_timeout=30) as stream:
             data = stream.read()
     finally:
         server.shutdown()
@@ -124,3 +127,37 @@ def test_ais_needs_an_endpoint(monkeypatch):
     monkeypatch.delenv("AIS_ENDPOINT", raising=False)
     with pytest.raises(ImagenetTrainError, match="set AIS_ENDPOINT"):
         storage.open_stream("ais://bucket/x.tar")
+
+
+class _FlakyThenGood(http.server.BaseHTTPRequestHandler):
+    payload = bytes(range(256)) * 64
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.payload)))
+        self.end_headers()
+        self.wfile.write(self.payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_outage_shorter_than_the_io_budget_is_waited_out_and_logged(caplog):
+    """Nothing listens for ~3 s, then the server appears on the same port: the open succeeds, one wait line."""
+    port = free_port()
+    holder: dict = {}
+
+    def start_later():
+        time.sleep(3)
+        holder["server"] = http.server.ThreadingHTTPServer(("127.0.0.1", port), _FlakyThenGood)
+        holder["server"].serve_forever()
+
+    threading.Thread(target=start_later, daemon=True).start()
+    try:
+        with storage.open_stream(f"http://127.0.0.1:{port}/x.tar", io_timeout=60) as stream:
+            assert stream.read() == _FlakyThenGood.payload
+    finally:
+        holder["server"].shutdown()
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
+    assert len(waits) <= 1  # at most one line per minute per node, however many attempts
+    assert not waits or "Connection refused" in waits[0] and "of --io-timeout 60 s" in waits[0]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -20,14 +22,42 @@ def checkpoint_path(run_dir: str, epoch: int, step: int | None = None) -> Path:
 
 
 def save(state: dict, path: Path) -> None:
-    """Write a checkpoint so that a crash never leaves a partial file under the final name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write a checkpoint so that a crash never leaves a partial file under the final name.
+
+    A full or read-only run directory is one error naming the path and the free space; the previous
+    checkpoint stays as it was and no partial file is left behind.
+    """
     temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(temporary, "wb") as stream:
-        torch.save(state, stream)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(temporary, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(temporary, "wb") as stream:
+            torch.save(state, stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except (OSError, RuntimeError) as error:  # torch.save reports a failed write as RuntimeError
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        reason = getattr(error, "strerror", None) or _reason(error)
+        raise ImagenetTrainError(f"{path}: cannot write checkpoint ({reason}; {_free(path.parent)})") from None
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error)
+    for known in ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded"):
+        if known.lower() in text.lower() or "file write failed" in text:
+            return known if known.lower() in text.lower() else "write failed (disk full?)"
+    return text.splitlines()[0][:120] if text else type(error).__name__
+
+
+def _free(folder: Path) -> str:
+    """'N MB free on DIR' for the nearest existing folder."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free on {folder}"
+    except OSError:
+        return f"free space on {folder} unknown"
 
 
 def latest(run_dir: str) -> Path | None:

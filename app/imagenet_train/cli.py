@@ -10,70 +10,42 @@ import os
 import signal
 import sys
 import time
+from typing import NoReturn
 
-from .errors import ImagenetTrainError, one_line
-
-HELP = {
-    "shards": "shard index (shards.json), its directory, or an http(s):// URL to either",
-    "train_urls": "training shards as a URL spec instead of an index, e.g. 'http://host/x-{000000..000146}.tar'",
-    "val_urls": "validation shards as a URL spec (with --train-urls)",
-    "train_samples": "samples in --train-urls (sets the epoch length)",
-    "num_classes": "classes (0: from the index)",
-    "decoder": "train-time JPEG decoder: simplejpeg (decode, then crop the uint8 image), fused (crop and "
-    "DCT-scale inside libjpeg-turbo via PyTurboJPEG; needs libturbojpeg) or pil",
-    "mode": "resampled: shards drawn at random, equal batches per rank; split: every sample once, under Join; "
-    "queue: every sample once, shards handed out at run time to whichever rank is free",
-    "batch_size": "batch size per rank",
-    "workers": "DataLoader workers per rank",
-    "image_size": "training and evaluation crop size",
-    "val_resize": "evaluation resize of the short side before the centre crop (0: size/0.875)",
-    "min_crop_scale": "smallest image area fraction RandomResizedCrop keeps",
-    "hflip": "random horizontal flips",
-    "shuffle_buffer": "samples in each shuffle buffer",
-    "epoch_batches": "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)",
-    "repeat": "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)",
-    "cache_dir": "node-local directory to keep copies of remote shards in, so later epochs read local disk",
-    "retries": "attempts to reach a shard server before failing",
-    "loader_timeout": "seconds without a batch from the DataLoader workers before failing (0: wait forever)",
-    "lr": "learning rate for a global batch of 256 (scaled linearly)",
-    "momentum": "SGD momentum",
-    "nesterov": "Nesterov momentum",
-    "weight_decay": "weight decay (not applied to biases and norms)",
-    "label_smoothing": "label smoothing",
-    "warmup_epochs": "linear warmup before the cosine decay",
-    "arch": "torchvision model name",
-    "epochs": "epochs to train",
-    "amp": "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off",
-    "channels_last": "channels-last memory format on GPU",
-    "seed": "seed for weights, shard order and augmentation",
-    "run_dir": "directory for config.json, metrics.jsonl and checkpoints",
-    "results": "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)",
-    "resume": "'latest' (newest checkpoint in --run-dir) or a checkpoint path",
-    "checkpoint_every": "also checkpoint every N batches inside an epoch, for mid-epoch resume (0: epoch ends only)",
-    "eval_every": "evaluate every N epochs (and after the last)",
-    "total_samples": "train for this many samples instead of --epochs (resampled mode; evaluation, checkpoints "
-    "and metrics every --epoch-batches batches)",
-    "force": "run even when the pre-flight check says the configuration will hang",
-    "log_keys": "debug: record every sample key read, per rank and epoch, under RUN_DIR/keys",
-}
+from .errors import ImagenetTrainError, Preempted, one_line
+from .settings import choice, converter, declared, expectation, flag, number, text
 
 
-def _add_dataclass_options(parser: argparse.ArgumentParser, instance) -> None:
-    group = parser.add_argument_group(type(instance).__name__.removesuffix("Config").lower() or "options")
-    for field in dataclasses.fields(instance):
-        flag = "--" + field.name.replace("_", "-")
-        default = getattr(instance, field.name)
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error format: one line naming the flag, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        message = message.removeprefix("argument ")
+        self.exit(2, f"imagenet-train: error: {one_line(message)}\n")
+
+
+def _add_settings(parser: argparse.ArgumentParser, section) -> None:
+    """One flag per declared setting: its type, default, help and range come from the declaration."""
+    group = parser.add_argument_group(type(section).__name__.removesuffix("Config").lower() or "options")
+    for declaration, rule in declared(section):
+        default = declaration.default
+        help_text = rule.help + (f" ({expectation(type(default), rule)})" if rule.choices else "")
         if isinstance(default, bool):
             group.add_argument(
-                flag,
-                dest=field.name,
+                flag(declaration.name),
+                dest=declaration.name,
                 action=argparse.BooleanOptionalAction,
                 default=default,
-                help=HELP.get(field.name, ""),
+                help=help_text,
             )
         else:
             group.add_argument(
-                flag, dest=field.name, type=type(default), default=default, help=HELP.get(field.name, "")
+                flag(declaration.name),
+                dest=declaration.name,
+                type=converter(declaration.name, type(default), rule),
+                default=default,
+                metavar=declaration.name.upper(),
+                help=help_text,
             )
 
 
@@ -81,9 +53,9 @@ def _config_from(args: argparse.Namespace):
     from .config import Config
 
     cfg = Config()
-    for section in (cfg.data, cfg.optim, cfg.run):
-        for field in dataclasses.fields(section):
-            setattr(section, field.name, getattr(args, field.name))
+    for section in cfg.sections():
+        for declaration, _ in declared(section):
+            setattr(section, declaration.name, getattr(args, declaration.name))
     return cfg
 
 
@@ -162,7 +134,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from .train import train
 
-    train(_config_from(args))
+    train(args.config)
     return 0
 
 
@@ -193,7 +165,8 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_setup(args: argparse.Namespace):
+def _plan_setup(args: argparse.Namespace) -> None:
+    """The planner's Setup from an index, a list of sizes or a count (stored on `args`)."""
     from . import plan
 
     urls: list[str] = []
@@ -206,9 +179,11 @@ def _plan_setup(args: argparse.Namespace):
         try:
             sizes = [int(size) for size in args.shard_sizes.split(",")]
         except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
             raise ImagenetTrainError(
-                f"--shard-sizes: expected numbers like 1000,1000,640, got '{args.shard_sizes}'"
-            ) from None
+                f"--shard-sizes: expected whole numbers >= 1 like 1000,1000,640, got '{args.shard_sizes}'"
+            )
     elif args.nshards and args.samples_per_shard:
         sizes = [args.samples_per_shard] * args.nshards
     else:
@@ -226,13 +201,13 @@ def _plan_setup(args: argparse.Namespace):
         seed=args.seed,
         epoch=args.epoch,
     )
-    return setup, urls
+    args.setup = (setup, urls)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from . import plan
 
-    setup, urls = _plan_setup(args)
+    setup, urls = args.setup
     assessment = plan.assess(setup)
     simulated = None
     if args.simulate:
@@ -286,7 +261,7 @@ def _transfer(copies, copy, args: argparse.Namespace, verb: str) -> int:
         for item in copies:
             print(f"{item.action:4} {item.source} -> {item.target}")
     else:
-        run(copies, copy, args.workers)
+        run(copies, copy, args.workers, args.io_timeout)
     done = "would copy" if args.dry_run else verb
     kept = len(copies) - len(todo)
     print(f"{done} {len(todo)} files ({size / 1e6:.1f} MB), {kept} already there with the same checksum")
@@ -297,14 +272,16 @@ def cmd_upload(args: argparse.Namespace) -> int:
     from . import gcs
     from .transfer import plan_upload
 
-    return _transfer(plan_upload(args.directory, args.url), gcs.upload, args, "uploaded and verified")
+    return _transfer(plan_upload(args.directory, args.url, args.io_timeout), gcs.upload, args, "uploaded and verified")
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
     from . import gcs
     from .transfer import plan_sync
 
-    return _transfer(plan_sync(args.url, args.directory), gcs.download, args, "downloaded and verified")
+    return _transfer(
+        plan_sync(args.url, args.directory, args.io_timeout), gcs.download, args, "downloaded and verified"
+    )
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -316,64 +293,74 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
         result = wait_for(args.wait_for, args.wait_timeout)
         print(f"shards ready: {result.index} ({result.samples} train samples in {result.shards} shards)", flush=True)
-    return run(program, nproc=args.nproc_per_node, dry_run=args.dry_run)
+    return run(program, nproc=args.nproc_per_node, dry_run=args.dry_run, grace_period=args.grace_period)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .config import DataConfig, OptimConfig, RunConfig
 
     formatter = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="imagenet-train",
         formatter_class=formatter,
         description="ImageNet to WebDataset shards to multinode DDP training.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    port, positive, count = number(int, 0, 65535), number(int, 1), number(int, 0)
+    seconds = number(float, 0, 7 * 24 * 3600)
 
     shards = commands.add_parser("shards", formatter_class=formatter, help="convert a dataset into shards + index")
-    shards.add_argument("source", help="ImageFolder tree, Kaggle layout, or directory with the ILSVRC2012 tars")
-    shards.add_argument("output", help="directory (or gs://BUCKET/PREFIX) for the shards and shards.json")
+    shards.add_argument(
+        "source", type=text, help="ImageFolder tree, Kaggle layout, or directory with the ILSVRC2012 tars"
+    )
+    shards.add_argument("output", type=text, help="directory (or gs://BUCKET/PREFIX) for the shards and shards.json")
     shards.add_argument("--staging", default=None, help="with a gs:// output: local directory to write to first")
-    shards.add_argument("--prefix", default="imagenet-train", help="shard name prefix")
-    shards.add_argument("--maxcount", type=int, default=1000, help="samples per shard at most")
-    shards.add_argument("--maxsize", type=int, default=3_000_000_000, help="bytes per shard at most (approx.)")
-    shards.add_argument("--workers", type=int, default=1, help="parallel shard writers")
-    shards.add_argument("--seed", type=int, default=0, help="seed of the sample shuffle across shards")
-    shards.add_argument("--resize", type=int, default=0, help="re-encode images with a larger short side (0: keep)")
-    shards.add_argument("--quality", type=int, default=90, help="JPEG quality when re-encoding")
+    shards.add_argument("--prefix", type=text, default="imagenet-train", help="shard name prefix")
+    shards.add_argument("--maxcount", type=number(int, 1, 10_000_000), default=1000, help="samples per shard at most")
+    shards.add_argument(
+        "--maxsize", type=number(int, 1 << 20, 1 << 40), default=3_000_000_000, help="bytes per shard at most (approx.)"
+    )
+    shards.add_argument("--workers", type=number(int, 1, 512), default=1, help="parallel shard writers")
+    shards.add_argument(
+        "--seed", type=number(int, 0, 2**63 - 1), default=0, help="seed of the sample shuffle across shards"
+    )
+    shards.add_argument(
+        "--resize", type=number(int, 0, 16384), default=0, help="re-encode images with a larger short side (0: keep)"
+    )
+    shards.add_argument("--quality", type=number(int, 1, 100), default=90, help="JPEG quality when re-encoding")
     shards.add_argument(
         "--verify",
         default="full",
-        choices=["full", "header"],
+        type=choice("full", "header"),
         help="full: decode every image (catches any corruption); header: header and end marker (I/O speed)",
     )
     shards.add_argument("--val-labels", default=None, help="LOC_val_solution.csv or '<file> <wnid>' lines")
-    shards.add_argument("--list", type=int, default=20, help="skipped/re-encoded files to list")
+    shards.add_argument("--list", type=count, default=20, help="skipped/re-encoded files to list")
     shards.add_argument("--quiet", action="store_true", help="no progress bar")
     shards.set_defaults(func=cmd_shards)
 
     summarize = commands.add_parser("summarize", formatter_class=formatter, help="brace notation and counts")
-    summarize.add_argument("location", help="shard directory, shards.json, or a URL to either")
+    summarize.add_argument("location", type=text, help="shard directory, shards.json, or a URL to either")
     summarize.add_argument("--json", action="store_true", help="machine-readable output")
     summarize.set_defaults(func=cmd_summarize)
 
     probe = commands.add_parser(
         "probe", formatter_class=formatter, help="check a shard source: fetch the index and read one shard"
     )
-    probe.add_argument("location", help="index (shards.json), its directory, or a URL to either")
-    probe.add_argument("--split", default="train", help="split whose first shard is read")
-    probe.add_argument("--wait", type=float, default=0, help="retry for up to this many seconds (0: once)")
+    probe.add_argument("location", type=text, help="index (shards.json), its directory, or a URL to either")
+    probe.add_argument("--split", type=text, default="train", help="split whose first shard is read")
+    probe.add_argument("--wait", type=seconds, default=0, help="retry for up to this many seconds (0: once)")
     probe.set_defaults(func=cmd_probe)
     train = commands.add_parser("train", formatter_class=formatter, help="train (run under torchrun for DDP)")
     for section in (DataConfig(), OptimConfig(), RunConfig()):
-        _add_dataclass_options(train, section)
-    train.set_defaults(func=cmd_train)
+        _add_settings(train, section)
+    train.set_defaults(func=cmd_train, check=_check_train)
 
     serve = commands.add_parser("serve", formatter_class=formatter, help="serve a shard directory with nginx")
-    serve.add_argument("directory", help="directory holding the shards and shards.json")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    serve.add_argument("--port", type=int, default=8080, help="port (0: a free one)")
-    serve.add_argument("--nginx-workers", type=int, default=2, help="nginx worker processes")
+    serve.add_argument("directory", type=text, help="directory holding the shards and shards.json")
+    serve.add_argument("--host", type=text, default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=port, default=8080, help="port (0: a free one)")
+    serve.add_argument("--nginx-workers", type=number(int, 1, 256), default=2, help="nginx worker processes")
     serve.add_argument("--access-log", action="store_true", help="keep an access log")
     serve.add_argument("--pid-file", default=None, help="write this command's pid here")
     serve.set_defaults(func=cmd_serve)
@@ -385,51 +372,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     planner.add_argument("--shards", default="", help="shard index (shards.json), its directory, or a URL")
     planner.add_argument("--shard-sizes", default="", help="samples per shard, comma-separated (instead of an index)")
-    planner.add_argument("--nshards", type=int, default=0, help="number of shards (with --samples-per-shard)")
-    planner.add_argument("--samples-per-shard", type=int, default=0, help="samples in every shard")
-    planner.add_argument("--nodes", type=int, default=1, help="nodes")
-    planner.add_argument("--gpus-per-node", type=int, default=1, help="ranks per node")
-    planner.add_argument("--workers", type=int, default=8, help="DataLoader workers per rank")
-    planner.add_argument("--batch-size", type=int, default=256, help="batch size per rank")
-    planner.add_argument("--mode", default="resampled", help="resampled, split or queue")
+    planner.add_argument(
+        "--nshards", type=number(int, 0, 10_000_000), default=0, help="number of shards (with --samples-per-shard)"
+    )
+    planner.add_argument(
+        "--samples-per-shard", type=number(int, 0, 10_000_000), default=0, help="samples in every shard"
+    )
+    planner.add_argument("--nodes", type=number(int, 1, 100_000), default=1, help="nodes")
+    planner.add_argument("--gpus-per-node", type=number(int, 1, 1024), default=1, help="ranks per node")
+    planner.add_argument("--workers", type=number(int, 0, 512), default=8, help="DataLoader workers per rank")
+    planner.add_argument("--batch-size", type=number(int, 1, 1 << 20), default=256, help="batch size per rank")
+    planner.add_argument(
+        "--mode", type=choice("resampled", "split", "queue"), default="resampled", help="resampled, split or queue"
+    )
     planner.add_argument(
         "--epoch-batches",
-        type=int,
+        type=count,
         default=0,
         help="batches per rank per epoch (resampled: 0 is one pass; split: a cut, 0 is none)",
     )
-    planner.add_argument("--repeat", type=int, default=1, help="split: times each worker reads its shards per epoch")
+    planner.add_argument(
+        "--repeat", type=positive, default=1, help="split: times each worker reads its shards per epoch"
+    )
     planner.add_argument(
         "--join",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="split mode: the step runs under Join (imagenet-train train always does)",
     )
-    planner.add_argument("--seed", type=int, default=0, help="seed of the per-epoch shard order")
-    planner.add_argument("--epoch", type=int, default=0, help="which epoch's shard order to show")
+    planner.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=0, help="seed of the per-epoch shard order")
+    planner.add_argument("--epoch", type=number(int, 0, 1_000_000), default=0, help="which epoch's shard order to show")
     planner.add_argument("--show-workers", action="store_true", help="list the shards of every worker")
     planner.add_argument("--simulate", action="store_true", help="run the real loaders over the real shards")
     planner.add_argument("--show-open", action="store_true", help="with --simulate: shards each worker opened")
     planner.add_argument("--json", action="store_true", help="machine-readable output")
-    planner.set_defaults(func=cmd_plan)
+    planner.set_defaults(func=cmd_plan, check=_plan_setup)
 
     upload = commands.add_parser(
         "upload",
         formatter_class=formatter,
         help="copy a run directory (or any directory) to gs://, skipping identical files",
     )
-    upload.add_argument("directory", help="local directory, e.g. a run directory")
-    upload.add_argument("url", help="gs://BUCKET/PREFIX")
+    upload.add_argument("directory", type=text, help="local directory, e.g. a run directory")
+    upload.add_argument("url", type=text, help="gs://BUCKET/PREFIX")
     sync = commands.add_parser(
         "sync",
         formatter_class=formatter,
         help="copy a gs:// prefix to a directory (e.g. to fill a shard-server volume)",
     )
-    sync.add_argument("url", help="gs://BUCKET/PREFIX")
-    sync.add_argument("directory", help="local directory")
+    sync.add_argument("url", type=text, help="gs://BUCKET/PREFIX")
+    sync.add_argument("directory", type=text, help="local directory")
     for transfer, func in ((upload, cmd_upload), (sync, cmd_sync)):
-        transfer.add_argument("--workers", type=int, default=8, help="parallel transfers")
+        transfer.add_argument("--workers", type=number(int, 1, 256), default=8, help="parallel transfers")
         transfer.add_argument("--dry-run", action="store_true", help="list what would be copied or skipped")
+        transfer.add_argument(
+            "--io-timeout", type=seconds, default=900, help="seconds to wait out a bucket outage before failing"
+        )
         transfer.set_defaults(func=func)
 
     launch = commands.add_parser(
@@ -437,10 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
         help="run torchrun with arguments taken from the launcher's environment (the image's entrypoint)",
         description="Reads NGC, PyTorchJob, TrainJob, JobSet, Indexed Job or plain environments and runs "
-        "`torchrun ... -m imagenet_train.cli PROGRAM...`, e.g. `imagenet-train launch -- train --shards URL`.",
+        "`torchrun ... -m imagenet_train.cli PROGRAM...`, e.g. `imagenet-train launch -- train --shards URL`. "
+        "SIGTERM and SIGUSR1 reach every rank as pre-emption: each finishes its step, rank 0 checkpoints, "
+        "and launch exits with 128 + the signal's number.",
     )
     launch.add_argument(
-        "--nproc-per-node", default=None, help="processes per node (default: from the environment, else GPUs)"
+        "--nproc-per-node",
+        type=number(int, 1, 1024),
+        default=None,
+        help="processes per node (default: from the environment, else GPUs)",
     )
     launch.add_argument(
         "--wait-for",
@@ -448,7 +451,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="INDEX",
         help="first wait until this shard index and its first shard can be read",
     )
-    launch.add_argument("--wait-timeout", type=float, default=1800, help="seconds --wait-for keeps trying")
+    launch.add_argument("--wait-timeout", type=seconds, default=1800, help="seconds --wait-for keeps trying")
+    launch.add_argument(
+        "--grace-period",
+        type=number(float, 1, 3600),
+        default=80,
+        help="seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL "
+        "(give the pod a terminationGracePeriodSeconds a little longer)",
+    )
     launch.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
     launch.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")
     launch.set_defaults(func=cmd_launch)
@@ -456,22 +466,37 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo-data", formatter_class=formatter, help="write scikit-learn's digits as an ImageNet-layout JPEG dataset"
     )
-    demo.add_argument("output", help="directory for train/ and val/")
-    demo.add_argument("--size", type=int, default=64, help="image side in pixels")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
+    demo.add_argument("output", type=text, help="directory for train/ and val/")
+    demo.add_argument("--size", type=number(int, 8, 4096), default=64, help="image side in pixels")
+    demo.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seed of the train/val split")
     demo.set_defaults(func=cmd_demo_data)
     return parser
 
 
+def _check_train(args: argparse.Namespace) -> None:
+    """The cross-field checks of a training configuration, before anything starts."""
+    args.config = _config_from(args).validate()
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed, checked command (tests replace this to observe a normal start)."""
+    return args.func(args)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `imagenet-train` console script."""
+    """Entry point of the `imagenet-train` console script: parse, check every option, then dispatch."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        args = build_parser().parse_args(argv)
+        check = getattr(args, "check", None)
+        if check:
+            check(args)
+        return dispatch(args)
     except ImagenetTrainError as error:
         print(f"imagenet-train: error: {one_line(str(error))}", file=sys.stderr)
         return 2
+    except Preempted as stop:
+        return stop.exit_code
     except KeyboardInterrupt:
         return 130
 

@@ -1,4 +1,5 @@
-"""The run configuration: one object with a section per concern, saved as `config.json` in every run."""
+"""The run configuration: one declaration per setting (type, default, help, range), saved as `config.json`
+in every run. The `train` command's flags, their checks and their help all come from here."""
 
 from __future__ import annotations
 
@@ -7,60 +8,106 @@ import json
 from dataclasses import dataclass, field
 
 from .errors import ImagenetTrainError
+from .settings import check, declared, setting
 
 MODES = ("resampled", "split", "queue")
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 DECODERS = ("simplejpeg", "fused", "pil")
+BROKEN_SHARD_POLICIES = ("skip", "fail")
 
 
 @dataclass
 class DataConfig:
-    shards: str = ""  # index (shards.json), its directory, or a URL to either
-    train_urls: str = ""  # brace spec instead of an index, e.g. http://host/x-train-{000000..000146}.tar
-    val_urls: str = ""
-    train_samples: int = 0  # with train_urls: samples in the training set (sets the epoch length)
-    num_classes: int = 0  # 0: from the index
-    mode: str = "resampled"
-    batch_size: int = 256  # per rank
-    workers: int = 8  # DataLoader workers per rank
-    image_size: int = 224
-    val_resize: int = 0  # 0: image_size / 0.875
-    min_crop_scale: float = 0.08
-    hflip: bool = True
-    decoder: str = "simplejpeg"  # train decoder; see DECODERS and BENCHMARKS.md for which is faster where
-    shuffle_buffer: int = 1000
-    epoch_batches: int = 0  # 0: one pass over the data; split mode: cut every rank at this many batches
-    repeat: int = 1  # split mode: each worker reads its shards this many times per epoch
-    retries: int = 5
-    cache_dir: str = ""  # node-local directory for copies of remote shards (second epoch on: local reads)
-    loader_timeout: float = 600.0  # seconds without a batch before the run fails instead of hanging
+    shards: str = setting("", "shard index (shards.json), its directory, or a URL to either")
+    train_urls: str = setting(
+        "", "training shards as a URL spec instead of an index, e.g. 'http://host/x-{000000..000146}.tar'"
+    )
+    val_urls: str = setting("", "validation shards as a URL spec (with --train-urls)")
+    train_samples: int = setting(0, "samples in --train-urls (sets the epoch length)", minimum=0)
+    num_classes: int = setting(0, "classes (0: from the index)", minimum=0)
+    mode: str = setting(
+        "resampled",
+        "resampled: shards drawn at random, equal batches per rank; split: every sample once, under Join; "
+        "queue: every sample once, shards handed out at run time to whichever rank is free",
+        choices=MODES,
+    )
+    batch_size: int = setting(256, "batch size per rank", minimum=1, maximum=1 << 20)
+    workers: int = setting(8, "DataLoader workers per rank", minimum=0, maximum=512)
+    image_size: int = setting(224, "training and evaluation crop size", minimum=1, maximum=8192)
+    val_resize: int = setting(
+        0, "evaluation resize of the short side before the centre crop (0: size/0.875)", minimum=0, maximum=16384
+    )
+    min_crop_scale: float = setting(0.08, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1)
+    hflip: bool = setting(True, "random horizontal flips")
+    decoder: str = setting(
+        "simplejpeg",
+        "train-time JPEG decoder: simplejpeg (decode, then crop the uint8 image), fused (crop and DCT-scale "
+        "inside libjpeg-turbo via PyTurboJPEG; needs libturbojpeg) or pil",
+        choices=DECODERS,
+    )
+    shuffle_buffer: int = setting(1000, "samples in each shuffle buffer", minimum=0, maximum=1 << 24)
+    epoch_batches: int = setting(
+        0, "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)", minimum=0
+    )
+    repeat: int = setting(
+        1, "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)", minimum=1
+    )
+    io_timeout: float = setting(
+        900.0,
+        "seconds to wait out an outage of the shard server or bucket (capped exponential backoff with jitter) "
+        "before failing; long enough for a server pod to be rescheduled",
+        minimum=0,
+        maximum=7 * 24 * 3600,
+    )
+    on_broken_shard: str = setting(
+        "skip",
+        "a truncated or corrupt shard: skip (keep the samples before the damage, count the rest as lost, warn) or fail",
+        choices=BROKEN_SHARD_POLICIES,
+    )
+    cache_dir: str = setting(
+        "", "node-local directory to keep copies of remote shards in, so later epochs read local disk"
+    )
+    loader_timeout: float = setting(
+        1200.0,
+        "seconds without a batch from the DataLoader workers before failing (0: wait forever); "
+        "must exceed --io-timeout",
+        minimum=0,
+        maximum=7 * 24 * 3600,
+    )
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 0.1  # for a global batch of 256; scaled linearly with the global batch
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 1e-4
-    label_smoothing: float = 0.1
-    warmup_epochs: float = 1.0
+    lr: float = setting(0.1, "learning rate for a global batch of 256 (scaled linearly)", above=0, maximum=1e3)
+    momentum: float = setting(0.9, "SGD momentum", minimum=0, maximum=1)
+    nesterov: bool = setting(False, "Nesterov momentum")
+    weight_decay: float = setting(1e-4, "weight decay (not applied to biases and norms)", minimum=0, maximum=1)
+    label_smoothing: float = setting(0.1, "label smoothing", minimum=0, maximum=1)
+    warmup_epochs: float = setting(1.0, "linear warmup before the cosine decay", minimum=0, maximum=1e6)
 
 
 @dataclass
 class RunConfig:
-    arch: str = "resnet50"
-    epochs: int = 90
-    amp: str = "auto"
-    channels_last: bool = True  # applied on GPU only
-    seed: int = 0
-    run_dir: str = "runs/latest"
-    results: str = ""  # gs://BUCKET/PREFIX: mirror the run directory there as training goes
-    resume: str = ""  # "", "latest" or a checkpoint path
-    eval_every: int = 1
-    checkpoint_every: int = 0  # also checkpoint every N batches inside an epoch (0: at epoch ends only)
-    log_keys: bool = False  # debug: write every sample key read, per rank and epoch
-    total_samples: int = 0  # train by samples seen instead of --epochs (resampled; intervals of --epoch-batches)
-    force: bool = False  # run even when the pre-flight plan says the job will hang
+    arch: str = setting("resnet50", "torchvision model name")
+    epochs: int = setting(90, "epochs to train", minimum=1, maximum=1_000_000)
+    amp: str = setting("auto", "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off", choices=AMP_MODES)
+    channels_last: bool = setting(True, "channels-last memory format on GPU")
+    seed: int = setting(0, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
+    run_dir: str = setting("runs/latest", "directory for config.json, metrics.jsonl and checkpoints")
+    results: str = setting("", "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)")
+    resume: str = setting("", "'latest' (newest checkpoint in --run-dir) or a checkpoint path")
+    eval_every: int = setting(1, "evaluate every N epochs (and after the last)", minimum=1)
+    checkpoint_every: int = setting(
+        0, "also checkpoint every N batches inside an epoch, for mid-epoch resume (0: epoch ends only)", minimum=0
+    )
+    log_keys: bool = setting(False, "debug: record every sample key read, per rank and epoch, under RUN_DIR/keys")
+    total_samples: int = setting(
+        0,
+        "train for this many samples instead of --epochs (resampled mode; evaluation, checkpoints and metrics "
+        "every --epoch-batches batches)",
+        minimum=0,
+    )
+    force: bool = setting(False, "run even when the pre-flight check says the configuration will hang")
 
 
 @dataclass
@@ -69,18 +116,20 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
+    def sections(self) -> tuple[DataConfig, OptimConfig, RunConfig]:
+        return self.data, self.optim, self.run
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
 
     def validate(self) -> Config:
         """Reject settings that cannot work, naming the option."""
+        for section in self.sections():
+            for declaration, rule in declared(section):
+                check(declaration.name, type(declaration.default), rule, getattr(section, declaration.name))
         data = self.data
         if not data.shards and not data.train_urls:
             raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
-        if data.mode not in MODES:
-            raise ImagenetTrainError(f"--mode: expected one of {', '.join(MODES)}, got '{data.mode}'")
-        if data.decoder not in DECODERS:
-            raise ImagenetTrainError(f"--decoder: expected one of {', '.join(DECODERS)}, got '{data.decoder}'")
         if data.decoder == "fused":
             from .jpegcrop import available
 
@@ -88,15 +137,11 @@ class Config:
                 raise ImagenetTrainError(
                     "--decoder fused: needs PyTurboJPEG 1.8 and libturbojpeg (apt-get install libturbojpeg0)"
                 )
-        if self.run.amp not in AMP_MODES:
-            raise ImagenetTrainError(f"--amp: expected one of {', '.join(AMP_MODES)}, got '{self.run.amp}'")
-        for name in ("batch_size", "image_size"):
-            if getattr(data, name) < 1:
-                raise ImagenetTrainError(f"--{name.replace('_', '-')}: must be at least 1")
-        if data.workers < 0 or self.run.epochs < 1:
-            raise ImagenetTrainError("--workers must be >= 0 and --epochs >= 1")
         if self.run.total_samples and data.mode != "resampled":
             raise ImagenetTrainError("--total-samples: needs --mode resampled (an endless stream of equal batches)")
-        if not 0 < data.min_crop_scale <= 1:
-            raise ImagenetTrainError("--min-crop-scale: expected a fraction in (0, 1]")
+        if data.loader_timeout and data.loader_timeout <= data.io_timeout:
+            raise ImagenetTrainError(
+                f"--loader-timeout: {data.loader_timeout:g} s would give up before --io-timeout {data.io_timeout:g} s "
+                "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
+            )
         return self

@@ -9,8 +9,8 @@ import os
 import random
 import signal
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -22,6 +22,10 @@ from .errors import ImagenetTrainError
 log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor, list]
+
+
+class BrokenShard(Exception):
+    """A shard whose bytes end or go wrong partway: what came before the damage is still good."""
 
 
 def samples_in_tar(stream, url: str) -> Iterator[dict]:
@@ -38,28 +42,96 @@ def samples_in_tar(stream, url: str) -> Iterator[dict]:
                 sample = {"__key__": prefix, "__url__": url}
             sample[extension.lower()] = data
     except tarstream.TarFormatError as error:
-        raise ImagenetTrainError(f"{url}: corrupt shard ({error})") from None
+        raise BrokenShard(str(error)) from None  # the sample being assembled is incomplete: not yielded
     if sample is not None:
         yield sample
 
 
-def read_shards(urls: Iterable[str], retries: int, max_empty: int | None = None, cache_dir: str = "") -> Iterator[dict]:
-    """Samples of each shard in turn; an unreachable shard fails after retries, naming its URL.
+@dataclass(frozen=True)
+class ShardInfo:
+    """What the index says one shard holds."""
+
+    samples: int
+    filesize: int | None = None
+
+
+class DamageCounters:
+    """Damage tallies shared by one rank's DataLoader workers: undecodable samples, broken shards and the
+    samples those shards lost."""
+
+    CORRUPT, BROKEN, LOST = range(3)
+
+    def __init__(self, context: multiprocessing.context.BaseContext):
+        self.values = context.Array("q", 3)
+
+    def add(self, which: int, count: int = 1) -> None:
+        with self.values.get_lock():
+            self.values[which] += count
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """(corrupt samples, broken shards, lost samples) so far."""
+        with self.values.get_lock():
+            return tuple(self.values)  # type: ignore[return-value]
+
+
+_reported: set[str] = set()  # shards this process already warned about
+
+
+def _warn_once(url: str, message: str, *args) -> None:
+    if url not in _reported:
+        _reported.add(url)
+        log.warning(message, url, *args)
+
+
+@dataclass(frozen=True)
+class ShardReading:
+    """How a rank's workers read shards: the I/O budget, what to do with damage, and what to expect."""
+
+    io_timeout: float = 900.0
+    on_broken: str = "skip"
+    expected: Mapping[str, ShardInfo] = field(default_factory=dict)
+    cache_dir: str = ""
+
+    def open(self, url: str):
+        if self.cache_dir and storage.is_url(url):
+            return open_cached(url, self.cache_dir, lambda u: storage.open_stream(u, self.io_timeout))
+        return storage.open_stream(url, self.io_timeout)
+
+
+def read_shards(
+    urls: Iterable[str],
+    reading: ShardReading = ShardReading(),
+    counters: DamageCounters | None = None,
+    max_empty: int | None = None,
+) -> Iterator[dict]:
+    """Samples of each shard in turn. An outage is waited out (`reading.io_timeout`); a broken shard keeps the
+    samples before the damage and, unless `reading.on_broken` is "fail", the stream goes on with the next one.
 
     `max_empty` bounds how many shards in a row may yield nothing, so an endless resampled stream over
     unusable shards fails instead of spinning forever.
     """
     empty = 0
     for url in urls:
+        expected = reading.expected.get(url)
         count = 0
-        if cache_dir and storage.is_url(url):
-            stream = open_cached(url, cache_dir, lambda u: storage.open_stream(u, retries=retries))
-        else:
-            stream = storage.open_stream(url, retries=retries)
-        with stream:
-            for sample in samples_in_tar(stream, url):
-                count += 1
-                yield sample
+        try:
+            with reading.open(url) as stream:
+                size = storage.stream_size(stream)
+                if expected and expected.filesize and size is not None and size != expected.filesize:
+                    _warn_once(url, "shard %s is %d bytes; the index says %d", size, expected.filesize)
+                for sample in samples_in_tar(stream, url):
+                    count += 1
+                    yield sample
+        except BrokenShard as error:
+            if reading.on_broken == "fail":
+                raise ImagenetTrainError(f"{url}: broken shard ({error}; --on-broken-shard fail)") from None
+            lost = max(0, expected.samples - count) if expected else 0
+            if counters:
+                counters.add(DamageCounters.BROKEN)
+                counters.add(DamageCounters.LOST, lost)
+            _warn_once(
+                url, "broken shard %s: %s; kept %d samples, lost %s", error, count, lost if expected else "unknown"
+            )
         empty = 0 if count else empty + 1
         if max_empty is not None and empty >= max_empty:
             raise ImagenetTrainError(f"{url}: {empty} shards in a row held no samples; check the shard list")
@@ -79,7 +151,7 @@ def shuffled(items: Iterable, buffer: int, rng: random.Random) -> Iterator:
     yield from pool
 
 
-def decoded(samples: Iterable[dict], transform: Callable, corrupt) -> Iterator[tuple]:
+def decoded(samples: Iterable[dict], transform: Callable, counters: DamageCounters) -> Iterator[tuple]:
     """(uint8 image, label, key) per sample from `transform(jpeg bytes)`; undecodable samples are skipped,
     logged and counted."""
     for sample in samples:
@@ -87,8 +159,7 @@ def decoded(samples: Iterable[dict], transform: Callable, corrupt) -> Iterator[t
             image = transform(sample["jpg"])
             label = int(sample["cls"])
         except Exception as error:  # any bad sample: PIL, libjpeg and parsing errors alike
-            with corrupt.get_lock():
-                corrupt.value += 1
+            counters.add(DamageCounters.CORRUPT)
             log.warning(
                 "skipping corrupt sample %s in %s: %s",
                 sample.get("__key__"),
@@ -136,7 +207,7 @@ def worker_context() -> multiprocessing.context.BaseContext:
     """
     context = multiprocessing.get_context("forkserver")
     if not _preloaded:
-        context.set_forkserver_preload([__name__])
+        context.set_forkserver_preload(["imagenet_train.loader_signals", __name__])
         _preloaded.append(True)
     return context
 
@@ -166,6 +237,7 @@ if "multiprocessing.forkserver" in " ".join(getattr(sys, "orig_argv", [])):
 
 def _worker_init(_: int) -> None:
     die_with_parent()
+    from . import loader_signals  # noqa: F401 (its import sets the dispositions; also without a forkserver)
 
 
 def _worker() -> tuple[int, int]:
@@ -192,16 +264,15 @@ class ShardStream(IterableDataset):
     shuffle_shards: bool = True
     shuffle_buffer: int = 1000
     seed: int = 0
-    retries: int = 5
+    reading: ShardReading = ShardReading()
     epoch: int = 0
     skip_keys: frozenset = frozenset()  # consumed before a mid-epoch checkpoint: read, never decoded
     resume_tag: str = ""  # a resumed resampled epoch draws fresh shards, deterministically
     queue: object = None  # a shard queue (queue.StoreQueue / LocalQueue) for --mode queue
     repeat: int = 1  # split mode: read this worker's shard list this many times per epoch
-    cache_dir: str = ""  # node-local copies of remote shards, read instead of the network from then on
 
     def __post_init__(self):
-        self.corrupt = worker_context().Value("q", 0)
+        self.damage = DamageCounters(worker_context())
         self.environment = storage.io_environment()
 
     def shard_urls(self, worker: int, workers: int) -> Iterator[str]:
@@ -226,12 +297,12 @@ class ShardStream(IterableDataset):
             storage.apply_io_environment(self.environment)
         rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}:samples")
         max_empty = 2 * len(self.urls) + 8 if self.resampled else None
-        samples = read_shards(self.shard_urls(worker, workers), self.retries, max_empty, self.cache_dir)
+        samples = read_shards(self.shard_urls(worker, workers), self.reading, self.damage, max_empty)
         if self.skip_keys:
             samples = (sample for sample in samples if sample["__key__"] not in self.skip_keys)
         if self.shuffle_buffer > 1:
             samples = shuffled(samples, self.shuffle_buffer, rng)
-        return batched(decoded(samples, self.transform, self.corrupt), self.batch_size, partial=not self.resampled)
+        return batched(decoded(samples, self.transform, self.damage), self.batch_size, partial=not self.resampled)
 
     def rank_shards(self) -> int:
         """How many shards this rank reads in split mode."""
@@ -262,7 +333,11 @@ class EpochLoader:
 
     @property
     def corrupt_samples(self) -> int:
-        return self.stream.corrupt.value
+        return self.stream.damage.snapshot()[DamageCounters.CORRUPT]
+
+    def damage(self) -> tuple[int, int, int]:
+        """(corrupt samples, broken shards, lost samples) this rank's workers met so far."""
+        return self.stream.damage.snapshot()
 
     def __iter__(self) -> Iterator[Batch]:
         loader = DataLoader(
@@ -312,6 +387,7 @@ class DataSource:
     train_sizes: list[int] | None
     train_samples: int
     num_classes: int
+    expected: Mapping[str, ShardInfo] = field(default_factory=dict)  # per URL, from the index
 
 
 def expand_urls(spec: str) -> list[str]:
@@ -327,20 +403,29 @@ def resolve_source(
     val_urls: str = "",
     train_samples: int = 0,
     num_classes: int = 0,
-    retries: int = 5,
+    io_timeout: float = 900.0,
 ) -> DataSource:
     """Read the shard index (or take explicit URL specs) into lists of URLs and counts."""
     from .index import load_index
 
     if shards:
-        index = load_index(shards, retries=retries)
+        index = load_index(shards, io_timeout=io_timeout)
         sizes = index.sizes("train")
+        splits = [split for split in ("train", "val") if split in index.splits()]
+        expected = {
+            url: ShardInfo(samples, filesize)
+            for split in splits
+            for url, samples, filesize in zip(
+                index.urls(split), index.sizes(split), index.filesizes(split), strict=True
+            )
+        }
         return DataSource(
             train_urls=index.urls("train"),
-            val_urls=index.urls("val") if "val" in index.splits() else [],
+            val_urls=index.urls("val") if "val" in splits else [],
             train_sizes=sizes,
             train_samples=sum(sizes),
             num_classes=num_classes or len(index.classes),
+            expected=expected,
         )
     if num_classes < 1:
         raise ImagenetTrainError("--num-classes: required when shards are given as --train-urls")

@@ -14,3 +14,16 @@ def one_line(message: str) -> str:
     # A worker exception re-raised by DataLoader ends with "ImagenetTrainError: <message>".
     prefix = f"{ImagenetTrainError.__name__}: "
     return last.split(prefix, 1)[1] if prefix in last else last
+
+
+class Preempted(Exception):
+    """The run stopped cleanly on a signal (SIGTERM, SIGUSR1) after saving its position."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        """128 + N, as for a process killed by signal N: schedulers read it as 'pre-empted, retry'."""
+        return 128 + self.signum

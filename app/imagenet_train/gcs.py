@@ -12,10 +12,14 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TypeVar
 
 from .errors import ImagenetTrainError
+from .resumable import Opened, Transient, call
+
+T = TypeVar("T")
 
 CHUNK = 8 * 1024 * 1024
 QUANTUM = 256 * 1024  # GCS commits resumable uploads in multiples of this
@@ -88,45 +92,90 @@ def _bucket_exists(bucket: str) -> bool:
         return True  # cannot tell: say "object"
 
 
-def open_read(url: str) -> BinaryIO:
-    """A streaming reader of one object (chunked ranged reads, retried by the client library)."""
+def transient(error: Exception) -> bool:
+    """Whether a client-library error is an outage (worth waiting out) rather than a wrong request."""
+    import google.auth.exceptions
+    from google.api_core import exceptions
+
+    if isinstance(error, exceptions.ServerError | exceptions.TooManyRequests | exceptions.RequestTimeout):
+        return True
+    if isinstance(error, exceptions.GoogleAPICallError):
+        return False
+    return isinstance(error, OSError | ConnectionError | TimeoutError | google.auth.exceptions.TransportError)
+
+
+def _outage_or_error(url: str, error: Exception) -> Exception:
+    if transient(error):
+        return Transient(f"{type(error).__name__}: {str(error).splitlines()[0][:160]}")
+    return explain(url, error)
+
+
+class _Body:
+    """A BlobReader whose outage errors are marked Transient for the resumable reader."""
+
+    def __init__(self, reader, url: str):
+        self.reader, self.url = reader, url
+
+    def read(self, size: int) -> bytes:
+        try:
+            return self.reader.read(size)
+        except Exception as error:
+            raise _outage_or_error(self.url, error) from None
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def opener(url: str) -> Callable[[int], Opened]:
+    """`open_at(position)` for one object: chunked ranged reads; retries are ours, so outages are logged."""
     bucket, path = split(url)
-    try:
-        blob = client().bucket(bucket).get_blob(path)  # fails here, naming the URL, not mid-read
-        if blob is None:
-            raise missing(url)
-        return blob.open("rb", chunk_size=CHUNK)
-    except ImagenetTrainError:
-        raise
-    except Exception as error:
-        raise explain(url, error) from None
+
+    def open_at(position: int) -> Opened:
+        try:
+            blob = client().bucket(bucket).get_blob(path, retry=None)  # fails here, naming the URL, not mid-read
+            if blob is None:
+                raise missing(url)
+            reader = blob.open("rb", chunk_size=CHUNK, retry=None)
+            if position:
+                reader.seek(position)
+        except ImagenetTrainError:
+            raise
+        except Exception as error:
+            raise _outage_or_error(url, error) from None
+        return Opened(_Body(reader, url), blob.size - position, blob.size)
+
+    return open_at
 
 
-def read_bytes(url: str) -> bytes:
-    bucket, path = split(url)
-    try:
-        return client().bucket(bucket).blob(path).download_as_bytes()
-    except Exception as error:
-        raise explain(url, error) from None
+def _waiting_out_outages(url: str, io_timeout: float, action: Callable[[], T]) -> T:
+    """`action()` with the client's errors sorted: outages are retried for `io_timeout` s, the rest fail."""
+
+    def attempt() -> T:
+        try:
+            return action()
+        except ImagenetTrainError:
+            raise
+        except Exception as error:
+            raise _outage_or_error(url, error) from None
+
+    return call(url, io_timeout, attempt)
 
 
-def stat(url: str) -> ObjectInfo | None:
+def stat(url: str, io_timeout: float = 900.0) -> ObjectInfo | None:
     """Size and checksum of an object, or None when it does not exist."""
     bucket, path = split(url)
-    try:
-        blob = client().bucket(bucket).get_blob(path)
-    except Exception as error:
-        raise explain(url, error) from None
+    blob = _waiting_out_outages(url, io_timeout, lambda: client().bucket(bucket).get_blob(path, retry=None))
     return ObjectInfo(path, blob.size, blob.crc32c) if blob else None
 
 
-def listing(url: str) -> list[ObjectInfo]:
+def listing(url: str, io_timeout: float = 900.0) -> list[ObjectInfo]:
     """Every object under a gs:// prefix."""
     bucket, prefix = split(url)
-    try:
-        return [ObjectInfo(b.name, b.size, b.crc32c) for b in client().list_blobs(bucket, prefix=prefix)]
-    except Exception as error:
-        raise explain(url, error) from None
+    return _waiting_out_outages(
+        url,
+        io_timeout,
+        lambda: [ObjectInfo(b.name, b.size, b.crc32c) for b in client().list_blobs(bucket, prefix=prefix)],
+    )
 
 
 def file_crc32c(path: str) -> str:
@@ -140,7 +189,7 @@ def file_crc32c(path: str) -> str:
     return base64.b64encode(checksum.digest()).decode()
 
 
-def upload(path: str, url: str) -> ObjectInfo:
+def upload(path: str, url: str, io_timeout: float = 900.0) -> ObjectInfo:
     """Upload a file and verify the stored checksum; an interrupted upload never leaves an object behind.
 
     Files of RESUMABLE_MIN bytes and more go through a resumable session remembered on disk, so an upload
@@ -148,17 +197,17 @@ def upload(path: str, url: str) -> ObjectInfo:
     """
     bucket, name = split(url)
     local = file_crc32c(path)
-    try:
+
+    def send():
         blob = client().bucket(bucket).blob(name, chunk_size=upload_chunk())
         if os.path.getsize(path) >= RESUMABLE_MIN:
-            _upload_resumable(blob, path, url)
+            _upload_resumable(blob, path, url)  # after an outage: continues from the last committed chunk
         else:
             blob.upload_from_filename(path, checksum="crc32c")
         blob.reload()
-    except ImagenetTrainError:
-        raise
-    except Exception as error:
-        raise explain(url, error) from None
+        return blob
+
+    blob = _waiting_out_outages(url, io_timeout, send)
     if blob.crc32c != local:
         raise ImagenetTrainError(f"{url}: stored checksum {blob.crc32c} differs from {path}'s {local}")
     return ObjectInfo(name, blob.size, blob.crc32c)
@@ -231,6 +280,8 @@ def _upload_resumable(blob, path: str, url: str) -> None:
                 offset = size
             elif answer.status_code == 308 and _persisted(answer) > offset:
                 offset = _persisted(answer)
+            elif answer.status_code >= 500 or answer.status_code == 429:
+                raise Transient(f"upload chunk at {offset}: HTTP {answer.status_code}")
             else:
                 raise ImagenetTrainError(f"{url}: upload chunk at {offset} refused (HTTP {answer.status_code})")
     os.unlink(record_path)
@@ -244,21 +295,24 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(temporary, path)
 
 
-def download(url: str, path: str) -> ObjectInfo:
+def download(url: str, path: str, io_timeout: float = 900.0) -> ObjectInfo:
     """Download to a temporary name, verify the checksum, then rename into place."""
     bucket, name = split(url)
     temporary = f"{path}.part{os.getpid()}"
-    try:
-        blob = client().bucket(bucket).get_blob(name)
+
+    def fetch():
+        blob = client().bucket(bucket).get_blob(name, retry=None)
         if blob is None:
             raise missing(url)
-        blob.download_to_filename(temporary, checksum="crc32c")
-    except ImagenetTrainError:
-        raise
-    except Exception as error:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise explain(url, error) from None
+        try:
+            blob.download_to_filename(temporary, checksum="crc32c")
+        except Exception:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise
+        return blob
+
+    blob = _waiting_out_outages(url, io_timeout, fetch)
     if file_crc32c(temporary) != blob.crc32c:
         os.unlink(temporary)
         raise ImagenetTrainError(f"{url}: downloaded bytes do not match the stored checksum")

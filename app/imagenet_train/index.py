@@ -44,6 +44,10 @@ class ShardIndex:
     def sizes(self, split: str) -> list[int]:
         return [int(shard["nsamples"]) for shard in self.shards(split)]
 
+    def filesizes(self, split: str) -> list[int | None]:
+        """Each shard's size in bytes as the index records it (None where it does not)."""
+        return [int(shard["filesize"]) if "filesize" in shard else None for shard in self.shards(split)]
+
     def nsamples(self, split: str) -> int:
         return sum(self.sizes(split))
 
@@ -57,12 +61,12 @@ def index_location(location: str) -> str:
     return os.path.join(location, INDEX_NAME)
 
 
-def load_index(location: str, retries: int = 5) -> ShardIndex:
+def load_index(location: str, io_timeout: float = 900.0) -> ShardIndex:
     """Read and check a shard index from a path, directory or URL."""
     where = index_location(location)
     if not storage.is_url(where) and not os.path.exists(storage.local_path(where)):
         raise ImagenetTrainError(f"{where}: no shard index here (run `imagenet-train shards` first)")
-    raw = storage.read_bytes(where, retries=retries)
+    raw = storage.read_bytes(where, io_timeout=io_timeout)
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as error:

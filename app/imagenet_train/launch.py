@@ -8,6 +8,7 @@ sets MASTER_ADDR/WORLD_SIZE/RANK per node, and plain single-node torchrun.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -120,17 +121,68 @@ def _local_devices() -> str:
         return "1"
 
 
-def command(launch: Launch, program: list[str]) -> list[str]:
+# Signals torchrun forwards to every rank. SIGUSR1/SIGUSR2 are what Slurm's --signal sends before a time
+# limit; the ranks treat SIGTERM and SIGUSR1 as pre-emption (finish the step, checkpoint, exit 128+N).
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+
+
+def torchrun_options(grace_period: float) -> list[str]:
+    """Signal forwarding and the shutdown grace period, where this torchrun has the options (torch >= 2.8)."""
+    from torch.distributed.run import get_args_parser
+
+    known = {option for action in get_args_parser()._actions for option in action.option_strings}
+    options = []
+    if "--signals-to-handle" in known:
+        options.append(f"--signals-to-handle={FORWARDED_SIGNALS}")
+    if "--shutdown-timeout" in known:
+        options.append(f"--shutdown-timeout={round(grace_period)}")
+    return options
+
+
+def command(launch: Launch, program: list[str], options: list[str] = ()) -> list[str]:
     """The full torchrun command line for the training program's arguments."""
-    return [sys.executable, "-m", "torch.distributed.run", *launch.torchrun, "-m", "imagenet_train.cli", *program]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *options,
+        *launch.torchrun,
+        "-m",
+        "imagenet_train.cli",
+        *program,
+    ]
 
 
-def run(program: list[str], nproc: str | None = None, dry_run: bool = False) -> int:
-    """Print the torchrun command for this environment, then replace this process with it."""
+def _exit_code(failures: dict) -> int:
+    """A failed rank's exit code as a shell reports it (128 + N for a rank killed by signal N)."""
+    codes = [failure.exitcode for failure in failures.values()]
+    worst = next((code for code in codes if code not in (0, None)), 1)
+    return 128 - worst if worst < 0 else worst
+
+
+def run(program: list[str], nproc: str | None = None, dry_run: bool = False, grace_period: float = 80) -> int:
+    """Print the torchrun command for this environment, then run torchrun in this process.
+
+    In-process rather than exec: a signal that stops the job (SIGTERM from the kubelet, SIGUSR1 from
+    Slurm) ends in exit code 128 + N after the ranks saved their position, instead of a traceback.
+    """
     launch = resolve(os.environ, nproc)
-    argv = command(launch, program or ["train", "--help"])
+    argv = command(launch, program or ["train", "--help"], torchrun_options(grace_period))
     print(f"imagenet-train launch: {launch.launcher}: torchrun {' '.join(argv[3:])}", flush=True)
     if dry_run:
         return 0
-    os.execv(argv[0], argv)
-    return 0  # not reached
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    if "--signals-to-handle" not in " ".join(argv):  # older torchrun: SIGUSR1 would kill it outright
+        signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        torchrun(argv[3:])
+    except SignalException as stop:
+        name = signal.Signals(stop.sigval).name
+        print(f"imagenet-train launch: stopped by {name}; the ranks saved their position", flush=True)
+        return 128 + int(stop.sigval)
+    except ChildFailedError as failed:
+        return _exit_code(failed.failures)
+    return 0

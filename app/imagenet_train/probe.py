@@ -25,9 +25,9 @@ class ProbeResult:
     shard_samples: int
 
 
-def read_shard(url: str, retries: int) -> tuple[int, int]:
+def read_shard(url: str, io_timeout: float) -> tuple[int, int]:
     """Bytes and samples (distinct keys) of one shard, read through the loaders' own opener and tar reader."""
-    with storage.open_stream(url, retries=retries) as raw:
+    with storage.open_stream(url, io_timeout=io_timeout) as raw:
         counter = _CountingReader(raw)
         try:
             keys = {name.split(".", 1)[0] for name, _ in tarstream.members(counter)}
@@ -46,13 +46,13 @@ class _CountingReader:
         return data
 
 
-def probe(location: str, split: str = "train", retries: int = 2) -> ProbeResult:
+def probe(location: str, split: str = "train", io_timeout: float = 0.0) -> ProbeResult:
     """Load the index and read its first shard of `split`; errors name what failed."""
-    index: ShardIndex = load_index(location, retries=retries)
+    index: ShardIndex = load_index(location, io_timeout=io_timeout)
     urls, sizes = index.urls(split), index.sizes(split)
     if not urls:
         raise ImagenetTrainError(f"{index.location}: split '{split}' lists no shards")
-    nbytes, nsamples = read_shard(urls[0], retries)
+    nbytes, nsamples = read_shard(urls[0], io_timeout)
     if nsamples != sizes[0]:
         raise ImagenetTrainError(f"{urls[0]}: {nsamples} samples, the index says {sizes[0]}")
     return ProbeResult(index.location, len(urls), sum(sizes), urls[0], nbytes, nsamples)

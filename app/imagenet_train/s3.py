@@ -1,5 +1,6 @@
 """Amazon S3 and S3-compatible stores (MinIO, Ceph RGW, R2) through boto3: shards and indexes read as
-streams. Reading only: upload, sync and --results mirroring speak gs://.
+streams (outages waited out, a broken read resumed with a Range). Reading only: upload, sync and --results
+mirroring speak gs://.
 
 Credentials and endpoint come from boto3's usual chain (AWS_ACCESS_KEY_ID/..., AWS_PROFILE, instance or pod
 roles; AWS_ENDPOINT_URL for S3-compatible stores); with no credentials at all, requests go unsigned, which
@@ -9,11 +10,10 @@ reads public buckets.
 from __future__ import annotations
 
 import functools
-import io
-import time
-from typing import BinaryIO
+from collections.abc import Callable
 
 from .errors import ImagenetTrainError
+from .resumable import Opened, Transient
 
 
 def split(url: str) -> tuple[str, str]:
@@ -55,52 +55,61 @@ def explain(url: str, error: Exception) -> ImagenetTrainError:
     return ImagenetTrainError(f"{url}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
 
 
-class S3Stream(io.RawIOBase):
-    """An object's body that, when a read fails midway, reopens it with a Range from where it broke off."""
+PERMANENT_CODES = (
+    "NoSuchBucket",
+    "NoSuchKey",
+    "404",
+    "NotFound",
+    "AccessDenied",
+    "403",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidRange",
+    "InvalidBucketName",
+)
 
-    def __init__(self, url: str, retries: int = 5):
-        self.url, self.retries = url, retries
-        self.bucket, self.key = split(url)
-        self.position = 0
-        self.body = self._open()
 
-    def _open(self):
-        arguments = {"Bucket": self.bucket, "Key": self.key}
-        if self.position:
-            arguments["Range"] = f"bytes={self.position}-"
+def _outage_or_error(url: str, error: Exception) -> Exception:
+    """boto3 errors: a missing object or bad credentials fail at once; anything else is an outage."""
+    code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+    if code in PERMANENT_CODES or type(error).__name__ in ("NoCredentialsError", "ParamValidationError"):
+        return explain(url, error)
+    return Transient(f"{type(error).__name__}: {str(error).splitlines()[0][:160]}")
+
+
+class _Body:
+    """A StreamingBody whose read errors (timeouts, resets, incomplete reads) are marked as outages."""
+
+    def __init__(self, body, url: str):
+        self.body, self.url = body, url
+
+    def read(self, size: int) -> bytes:
         try:
-            return client().get_object(**arguments)["Body"]
+            return self.body.read(size)
+        except Exception as error:
+            raise _outage_or_error(self.url, error) from None
+
+    def close(self) -> None:
+        self.body.close()
+
+
+def opener(url: str) -> Callable[[int], Opened]:
+    """`open_at(position)` for one object: a GetObject, with a Range past the first byte."""
+    bucket, key = split(url)
+
+    def open_at(position: int) -> Opened:
+        arguments = {"Bucket": bucket, "Key": key}
+        if position:
+            arguments["Range"] = f"bytes={position}-"
+        try:
+            answer = client().get_object(**arguments)
         except ImagenetTrainError:
             raise
         except Exception as error:
-            raise explain(self.url, error) from None
+            raise _outage_or_error(url, error) from None
+        remaining = int(answer.get("ContentLength") or 0)
+        total = str(answer.get("ContentRange", "")).rpartition("/")[2]
+        size = int(total) if total.isdigit() else (remaining if not position else None)
+        return Opened(_Body(answer["Body"], url), remaining, size)
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        for attempt in range(self.retries + 1):
-            try:
-                data = self.body.read(len(buffer))
-            except Exception as error:  # botocore's read timeouts, incomplete reads, resets
-                if attempt == self.retries:
-                    raise ImagenetTrainError(
-                        f"{self.url}: read failed at byte {self.position} after retries ({type(error).__name__})"
-                    ) from None
-                time.sleep(min(30.0, 0.5 * 2**attempt))
-                self.body = self._open()
-                continue
-            buffer[: len(data)] = data
-            self.position += len(data)
-            return len(data)
-        return 0
-
-    def close(self) -> None:
-        if not self.closed:
-            self.body.close()
-        super().close()
-
-
-def open_read(url: str, retries: int = 5) -> BinaryIO:
-    """A buffered streaming reader of one object."""
-    return io.BufferedReader(S3Stream(url, retries), buffer_size=1 << 20)
+    return open_at

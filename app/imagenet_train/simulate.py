@@ -11,7 +11,9 @@ import itertools
 from dataclasses import dataclass, field
 
 from . import plan
-from .data import ShardStream, batched, read_shards
+from .data import ShardReading, ShardStream, batched, read_shards
+
+READING = ShardReading(io_timeout=0, on_broken="fail")  # the simulation reports damage rather than hiding it
 
 
 @dataclass
@@ -43,7 +45,7 @@ def _stream(urls: list[str], setup: plan.Setup, rank: int, queue=None) -> ShardS
         resampled=setup.mode == "resampled",
         seed=setup.seed,
         epoch=setup.epoch,
-        retries=1,
+        reading=READING,
         queue=queue,
         repeat=setup.repeat,
     )
@@ -58,7 +60,7 @@ def _simulate_queue(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
         stream = _stream(urls, setup, rank, counter)
         for worker in range(workers):
             shard_urls = _recording(stream.shard_urls(worker, workers), results[rank].opened[worker])
-            streams[rank, worker] = read_shards(shard_urls, retries=1)
+            streams[rank, worker] = read_shards(shard_urls, READING)
             counts[rank, worker] = 0
     while streams:
         for slot in list(streams):
@@ -91,7 +93,7 @@ def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
             for worker in range(max(workers, 1)):
                 opened: list[str] = []
                 shard_urls = _recording(stream.shard_urls(worker, max(workers, 1)), opened)
-                keys = (sample["__key__"] for sample in read_shards(shard_urls, retries=1))
+                keys = (sample["__key__"] for sample in read_shards(shard_urls, READING))
                 for batch in batched(keys, setup.batch_size, partial=True, collate_fn=list):
                     result.batches += 1
                     result.samples += len(batch)
@@ -103,7 +105,9 @@ def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
             workers = max(setup.workers, 1)
             opened_lists = [[] for _ in range(workers)]
             streams = [
-                read_shards(_recording(stream.shard_urls(w, workers), opened_lists[w]), 1, 2 * len(urls) + 8)
+                read_shards(
+                    _recording(stream.shard_urls(w, workers), opened_lists[w]), READING, None, 2 * len(urls) + 8
+                )
                 for w in range(workers)
             ]
             # Resampled worker streams never end; zip interleaves them as the DataLoader's round-robin does.

@@ -1,16 +1,18 @@
-"""Opening URLs: local paths, file://, http(s):// (retried, resumed mid-stream), gs://, pipe: and the rest."""
+"""Opening URLs: local paths, file://, http(s)://, gs://, s3://, ais:// (outages waited out, reads resumed
+mid-stream), pipe: and the rest."""
 
 from __future__ import annotations
 
 import io
 import os
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import BinaryIO
 
 from .errors import ImagenetTrainError
+from .resumable import Opened, ResumableReader, Transient, buffered
 
 HTTP_TIMEOUT_S = 60.0
 
@@ -89,84 +91,45 @@ def apply_io_environment(snapshot: dict[str, str]) -> None:
     os.environ.update(snapshot)
 
 
-def _backoff(attempt: int) -> float:
-    return min(8.0, 0.25 * 2**attempt)
+def http_opener(url: str, timeout: float = HTTP_TIMEOUT_S) -> Callable[[int], Opened]:
+    """`open_at(position)` for an HTTP(S) URL: a GET, with a Range request past the first byte."""
+
+    def open_at(position: int) -> Opened:
+        request = urllib.request.Request(url)
+        if position:
+            request.add_header("Range", f"bytes={position}-")
+        try:
+            response = urllib.request.urlopen(request, timeout=timeout)
+        except urllib.error.HTTPError as error:
+            if error.code >= 500 or error.code in (408, 429):
+                raise Transient(f"HTTP {error.code} {error.reason}") from None
+            raise ImagenetTrainError(f"{url}: HTTP {error.code} {error.reason}") from None
+        if position and response.status != 206:
+            response.close()
+            raise ImagenetTrainError(f"{url}: server ignored a Range request; cannot resume")
+        total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        size = int(total) if total.isdigit() else (response.length if not position else None)
+        return Opened(response, response.length, size)
+
+    return open_at
 
 
-class HTTPStream(io.RawIOBase):
-    """A readable HTTP body that retries the connection and resumes with a Range request after errors."""
-
-    def __init__(self, url: str, retries: int = 5, timeout: float = HTTP_TIMEOUT_S):
-        self.url, self.retries, self.timeout = url, retries, timeout
-        self.position = 0
-        self.response = self._connect()
-
-    def _connect(self):
-        last_error = "no attempt"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(_backoff(attempt))
-            request = urllib.request.Request(self.url)
-            if self.position:
-                request.add_header("Range", f"bytes={self.position}-")
-            try:
-                response = urllib.request.urlopen(request, timeout=self.timeout)
-            except urllib.error.HTTPError as error:
-                if error.code < 500 and error.code != 429:
-                    raise ImagenetTrainError(f"{self.url}: HTTP {error.code} {error.reason}") from None
-                last_error = f"HTTP {error.code} {error.reason}"
-                continue
-            except (urllib.error.URLError, OSError) as error:
-                last_error = str(getattr(error, "reason", error))
-                continue
-            if self.position and response.status != 206:
-                raise ImagenetTrainError(f"{self.url}: server ignored a Range request; cannot resume")
-            return response
-        raise ImagenetTrainError(f"{self.url}: unreachable after {self.retries + 1} attempts ({last_error})")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        for attempt in range(self.retries + 1):
-            try:
-                count = self.response.readinto(buffer)
-                if count == 0 and len(buffer) and self.response.length:
-                    # http.client reports a connection closed before Content-Length as a clean EOF.
-                    raise ConnectionError(f"connection closed with {self.response.length} bytes unread")
-                self.position += count
-                return count
-            except (OSError, urllib.error.URLError, ValueError) as error:
-                if attempt == self.retries:
-                    raise ImagenetTrainError(
-                        f"{self.url}: read failed at byte {self.position} after retries ({error})"
-                    ) from None
-                self.response.close()
-                time.sleep(_backoff(attempt))
-                self.response = self._connect()
-        return 0
-
-    def close(self) -> None:
-        if not self.closed:
-            self.response.close()
-        super().close()
-
-
-def open_stream(location: str, retries: int = 5) -> BinaryIO:
-    """Open a URL or path for sequential binary reading; errors name the location."""
+def open_stream(location: str, io_timeout: float = 900.0) -> BinaryIO:
+    """Open a URL or path for sequential binary reading; remote reads wait out outages for `io_timeout` s."""
     scheme = urllib.parse.urlsplit(location).scheme
     if scheme in ("http", "https"):
-        return io.BufferedReader(HTTPStream(location, retries=retries), buffer_size=1 << 20)
+        return buffered(ResumableReader(location, http_opener(location), io_timeout))
     if scheme == "gs":
         from . import gcs
 
-        return gcs.open_read(location)
+        return buffered(ResumableReader(location, gcs.opener(location), io_timeout))
     if scheme == "s3":
         from . import s3
 
-        return s3.open_read(location, retries=retries)
+        return buffered(ResumableReader(location, s3.opener(location), io_timeout))
     if scheme == "ais":
-        return io.BufferedReader(HTTPStream(ais_http_url(location), retries=retries), buffer_size=1 << 20)
+        http_url = ais_http_url(location)
+        return buffered(ResumableReader(location, http_opener(http_url), io_timeout))
     if is_url(location):
         import webdataset
 
@@ -181,11 +144,18 @@ def open_stream(location: str, retries: int = 5) -> BinaryIO:
         raise ImagenetTrainError(f"{path}: cannot open ({error.strerror})") from None
 
 
-def read_bytes(location: str, retries: int = 5) -> bytes:
-    """Read a whole (small) resource, such as a shard index."""
-    if location.startswith("gs://"):
-        from . import gcs
+def stream_size(stream: BinaryIO) -> int | None:
+    """The size of the object behind an opened stream, where it is known."""
+    size = getattr(getattr(stream, "raw", stream), "size", None)
+    if size is None and hasattr(stream, "fileno"):
+        try:
+            return os.fstat(stream.fileno()).st_size
+        except (OSError, io.UnsupportedOperation):
+            return None
+    return size
 
-        return gcs.read_bytes(location)
-    with open_stream(location, retries=retries) as stream:
+
+def read_bytes(location: str, io_timeout: float = 900.0) -> bytes:
+    """Read a whole (small) resource, such as a shard index."""
+    with open_stream(location, io_timeout=io_timeout) as stream:
         return stream.read()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
+import signal
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -17,16 +20,19 @@ from tqdm import tqdm
 from . import checkpoint, plan
 from .compat import ensure_torchvision
 from .config import Config
-from .data import DataSource, EpochLoader, ShardStream, resolve_source, worker_context
+from .data import DataSource, EpochLoader, ShardReading, ShardStream, resolve_source, worker_context
 from .dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
-from .errors import ImagenetTrainError
+from .errors import ImagenetTrainError, Preempted
 from .position import KeyLog, Position, consumed_keys
+from .preempt import StepVote, StopRequest
 from .presets import TrainPreset, ValPreset, normalize
 from .queue import job_queue
 from .results import ResultsUploader, fetch_for_resume
 from .schedule import Schedule
 
 log = logging.getLogger(__name__)
+
+STOP_UPLOAD_S = 30.0  # after a pre-emption signal, how long the results mirror may take (part of the grace period)
 
 
 def build_model(arch: str, num_classes: int) -> torch.nn.Module:
@@ -63,8 +69,11 @@ def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
 class Trainer:
     """One training run on one rank."""
 
-    def __init__(self, cfg: Config, info: DistInfo, source: DataSource):
+    def __init__(self, cfg: Config, info: DistInfo, source: DataSource, request: StopRequest | None = None):
         self.cfg, self.info, self.source = cfg, info, source
+        self.vote = StepVote(request or StopRequest(), info)
+        self.stop_position: Position | None = None  # where a pre-emption stopped the epoch
+        self.stop_signal = 0
         data, run = cfg.data, cfg.run
         # split and queue read every sample once per epoch, with uneven batch counts evened out by Join.
         self.exact = data.mode in ("split", "queue")
@@ -94,7 +103,11 @@ class Trainer:
         self.start_epoch = 0
         self.position: Position | None = None  # set when resuming inside an epoch
         # One uploader per node mirrors its run directory (rank 0's checkpoints, every rank's key logs).
-        self.uploader = ResultsUploader(self.run_dir, run.results) if run.results and info.local_rank == 0 else None
+        self.uploader = (
+            ResultsUploader(self.run_dir, run.results, data.io_timeout)
+            if run.results and info.local_rank == 0
+            else None
+        )
 
     def preflight(self) -> None:
         """The planner's check of this launch; every rank reaches the same verdict from the same inputs."""
@@ -129,10 +142,9 @@ class Trainer:
             resampled=not self.exact,
             queue=self._queue(),
             repeat=data.repeat,
-            cache_dir=data.cache_dir,
             shuffle_buffer=data.shuffle_buffer,
             seed=self.cfg.run.seed,
-            retries=data.retries,
+            reading=self._reading(),
         )
         return EpochLoader(
             stream,
@@ -142,6 +154,10 @@ class Trainer:
             mix_buffer=data.shuffle_buffer,
             timeout=data.loader_timeout,
         )
+
+    def _reading(self) -> ShardReading:
+        data = self.cfg.data
+        return ShardReading(data.io_timeout, data.on_broken_shard, self.source.expected, data.cache_dir)
 
     def _queue(self):
         """The run's shard queue in queue mode, under a name no earlier attempt of this run used."""
@@ -165,8 +181,7 @@ class Trainer:
             resampled=False,
             shuffle_shards=False,
             shuffle_buffer=0,
-            retries=data.retries,
-            cache_dir=data.cache_dir,
+            reading=self._reading(),
         )
         return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda", timeout=data.loader_timeout)
 
@@ -177,7 +192,7 @@ class Trainer:
             return
         if wanted == "latest" and self.cfg.run.results:
             if self.info.local_rank == 0:
-                fetched = fetch_for_resume(self.cfg.run.results, self.run_dir)
+                fetched = fetch_for_resume(self.cfg.run.results, self.run_dir, self.cfg.data.io_timeout)
                 if self.info.is_main:
                     print(f"fetched {fetched} files from {self.cfg.run.results} to resume", flush=True)
             if self.info.enabled:
@@ -202,10 +217,8 @@ class Trainer:
         if self.info.is_main:
             print(f"resumed from {path}: continuing at epoch {self.start_epoch}{where}", flush=True)
 
-    def save(self, epoch: int, position: Position | None = None) -> None:
+    def _write_checkpoint(self, epoch: int, position: Position | None = None) -> Path:
         """Rank 0 writes the state after `epoch` completed, or at `position` inside the next epoch."""
-        if not self.info.is_main:
-            return
         state = {
             "epoch": epoch,
             "position": position.to_dict() if position else None,
@@ -219,6 +232,19 @@ class Trainer:
         path = checkpoint.checkpoint_path(str(self.run_dir), position.epoch if position else epoch, step)
         checkpoint.save(state, path)
         checkpoint.prune_steps(str(self.run_dir), keep=path)
+        return path
+
+    def save(self, epoch: int, position: Position | None = None) -> Path | None:
+        """Every rank: rank 0 writes the checkpoint, and all learn together whether that worked."""
+        path = None
+        if self.info.is_main:
+            try:
+                path = self._write_checkpoint(epoch, position)
+            except ImagenetTrainError as error:
+                self.vote.fail(error)
+        verdict, _ = self.vote.settle()
+        self.vote.raise_failure(verdict)
+        return path
 
     # -- one epoch ----------------------------------------------------------------------------
     def set_lr(self, epoch: int, step: int, steps: int) -> float:
@@ -268,18 +294,18 @@ class Trainer:
         self.ddp.train()
         steps = self.schedule.epoch_batches(epoch)
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
-        samples, batches, lr, keys = 0, start, self.base_lr, []
-        corrupt_before = loader.corrupt_samples
+        samples, batches, lr, keys, broke = 0, start, self.base_lr, [], 0
+        damage_before = loader.damage()
         every = self.cfg.run.checkpoint_every
         key_log = KeyLog(self.run_dir, epoch, info.rank, start) if self.exact else None
         bar = tqdm(
             total=steps, initial=start, desc=f"epoch {epoch}", unit="batch", disable=not info.is_main, mininterval=2
         )
-        join = Join([self.ddp]) if self.exact and info.enabled else contextlib.nullcontext()
+        join = Join([self.ddp, self.vote]) if self.exact and info.enabled else contextlib.nullcontext()
         with bar, join:
             for images, labels, batch_keys in loader:
                 if key_log:
-                    key_log.fetched(batches, batch_keys)  # before the step: a kill mid-step loses nothing
+                    self._guard(key_log.fetched, batches, batch_keys)  # before the step: a kill loses nothing
                 lr = self.set_lr(epoch, batches, steps)
                 loss_sum += self.step(images, labels) * len(labels)
                 samples += len(labels)
@@ -287,17 +313,29 @@ class Trainer:
                 if self.cfg.run.log_keys:
                     keys.extend(batch_keys)
                 bar.update()
-                if every and batches % every == 0 and batches < steps:
+                if every and batches % every == 0 and batches < steps and info.is_main:
                     owed = (loader.batches - (batches - start)) * self.global_batch if loader.batches else 0
-                    self.save(epoch - 1, Position(epoch, batches, position.segments, info.world, owed))
+                    self._guard(
+                        self._write_checkpoint, epoch - 1, Position(epoch, batches, position.segments, info.world, owed)
+                    )
                     self.mirror()
+                if self.vote.cast():
+                    broke = 1
+                    break
         if key_log:
             key_log.close()
+        verdict, (stopped_mid_epoch, steps_taken) = self.vote.settle(broke, batches)
+        self.vote.raise_failure(verdict)
         if self.exact and info.enabled:
             self._sync_optimizer_state(batches)
-        self._write_keys("train", epoch, keys)
-        total_loss, total_samples, corrupt = all_sum(
-            [loss_sum.item(), samples, loader.corrupt_samples - corrupt_before], info
+        self._write_keys("train", epoch, keys, append=bool(start))
+        if stopped_mid_epoch:
+            owed = (loader.batches - (steps_taken - start)) * self.global_batch if loader.batches else 0
+            self.stop_position = Position(epoch, steps_taken, position.segments, info.world, owed)
+        self.stop_signal = verdict.signum
+        corrupt, broken, lost = (now - before for now, before in zip(loader.damage(), damage_before, strict=True))
+        total_loss, total_samples, corrupt, broken, lost = all_sum(
+            [loss_sum.item(), samples, corrupt, broken, lost], info
         )
         per_rank = [int(b[0]) - start for b in all_gather_numbers([batches], info)]
         resumed = {"resumed_from_step": start} if start else {}
@@ -308,7 +346,16 @@ class Trainer:
             "train_samples": int(total_samples),
             "batches_per_rank": per_rank,
             "corrupt_samples": int(corrupt),
+            "broken_shards": int(broken),
+            "lost_samples": int(lost),
         }
+
+    def _guard(self, action, *args) -> None:
+        """Run a rank-local write; a failure stops every rank at the next vote instead of leaving them waiting."""
+        try:
+            action(*args)
+        except (ImagenetTrainError, OSError) as error:
+            self.vote.fail(error if isinstance(error, ImagenetTrainError) else ImagenetTrainError(f"{error}"))
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One optimisation step on a uint8 batch; returns the loss (on device, no sync)."""
@@ -358,6 +405,7 @@ class Trainer:
         self.model.eval()
         topk = min(5, self.source.num_classes)
         loss_sum, correct1, correctk, count, keys = 0.0, 0, 0, 0, []
+        damage_before = self.val_loader.damage()
         for images, labels, batch_keys in self.val_loader:
             images = normalize(images.to(info.device, non_blocking=True), self.channels_last)
             labels = labels.to(info.device, non_blocking=True)
@@ -372,22 +420,29 @@ class Trainer:
             if self.cfg.run.log_keys:
                 keys.extend(batch_keys)
         self._write_keys("val", epoch, keys)
-        loss_sum, correct1, correctk, count = all_sum([loss_sum, correct1, correctk, count], info)
+        _, broken, lost = (now - before for now, before in zip(self.val_loader.damage(), damage_before, strict=True))
+        loss_sum, correct1, correctk, count, broken, lost = all_sum(
+            [loss_sum, correct1, correctk, count, broken, lost], info
+        )
         if count == 0:
             raise ImagenetTrainError("validation: the val shards held no samples")
+        damaged = {"val_broken_shards": int(broken), "val_lost_samples": int(lost)} if broken else {}
         return {
             "val_loss": loss_sum / count,
             "top1": correct1 / count,
             f"top{topk}": correctk / count,
             "val_samples": int(count),
+            **damaged,
         }
 
-    def _write_keys(self, split: str, epoch: int, keys: list[str]) -> None:
+    def _write_keys(self, split: str, epoch: int, keys: list[str], append: bool = False) -> None:
+        """--log-keys: the keys read, per split, epoch and rank; a resumed part of an epoch appends."""
         if not self.cfg.run.log_keys:
             return
         folder = self.run_dir / "keys"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{split}-epoch{epoch:04d}-rank{self.info.rank}.txt").write_text("".join(k + "\n" for k in keys))
+        with open(folder / f"{split}-epoch{epoch:04d}-rank{self.info.rank}.txt", "a" if append else "w") as stream:
+            stream.write("".join(k + "\n" for k in keys))
 
     # -- the run ------------------------------------------------------------------------------
     def write_config(self) -> None:
@@ -418,6 +473,8 @@ class Trainer:
         for epoch in range(self.start_epoch, self.schedule.epochs):
             started = time.time()
             record = {"epoch": epoch, **self.train_epoch(epoch)}
+            if self.stop_position:
+                self.stop(self.save(epoch - 1, self.stop_position), self.stop_position)
             if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.schedule.epochs:
                 record.update(self.evaluate(epoch))
             if self.cfg.run.total_samples:
@@ -426,7 +483,7 @@ class Trainer:
             record["replicas_in_sync"] = self.replicas_in_sync()
             record["epoch_time_s"] = round(time.time() - started, 3)
             record["samples_per_s"] = round(record["train_samples"] / max(record["epoch_time_s"], 1e-9), 1)
-            self.save(epoch)
+            path = self.save(epoch)
             if self.info.is_main:
                 with open(self.run_dir / "metrics.jsonl", "a") as stream:
                     stream.write(json.dumps(record) + "\n")
@@ -435,9 +492,37 @@ class Trainer:
                     log.error("replicas diverged at epoch %d: weights differ across ranks", epoch)
             self.mirror()
             last = record
-        if self.uploader:
-            self.uploader.finish()
+            verdict, _ = self.vote.settle()  # a signal during evaluation or the checkpoint stops here
+            if verdict.signum or self.stop_signal:
+                self.stop(path, Position(epoch + 1), verdict.signum or self.stop_signal)
+        self.finish_uploads(self.cfg.data.io_timeout)
         return last
+
+    def stop(self, path: Path | None, position: Position, signum: int = 0) -> NoReturn:
+        """Leave after a pre-emption signal: the position is saved; results are flushed, briefly."""
+        signum = signum or self.stop_signal
+        if self.info.is_main:
+            where = f"epoch {position.epoch} step {position.step}"
+            print(
+                f"stopped by {signal.Signals(signum).name} at {where}: checkpoint {path}; "
+                "continue with --resume latest",
+                flush=True,
+            )
+        self.mirror()
+        self.finish_uploads(STOP_UPLOAD_S)
+        raise Preempted(signum)
+
+    def finish_uploads(self, timeout: float) -> None:
+        """Wait (bounded) for the results mirror; files that did not reach the bucket are one error line."""
+        if not self.uploader:
+            return
+        left = self.uploader.finish(timeout)
+        if left:
+            names = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+            raise ImagenetTrainError(
+                f"--results {self.cfg.run.results}: {len(left)} files did not upload ({names}); they are in "
+                f"{self.run_dir}, and --resume latest uploads them"
+            )
 
     def mirror(self) -> None:
         """Start uploading what changed in the run directory (a no-op without --results)."""
@@ -452,21 +537,45 @@ def _summary(record: dict) -> str:
     parts += [f"{record['samples_per_s']:.0f} img/s", f"{record['epoch_time_s']:.1f}s"]
     if record["corrupt_samples"]:
         parts.append(f"{record['corrupt_samples']} corrupt samples skipped")
+    if record["broken_shards"]:
+        parts.append(f"{record['broken_shards']} broken shards ({record['lost_samples']} samples lost)")
     return " | ".join(parts)
 
 
 def train(cfg: Config) -> dict:
-    """Run training on this rank as torchrun launched it; returns the last epoch's metrics."""
+    """Run training on this rank as torchrun launched it; returns the last epoch's metrics.
+
+    Raises Preempted after a clean stop on SIGTERM/SIGUSR1 (the CLI exits with 128 + the signal).
+    """
     cfg.validate()
+    request = StopRequest()
+    request.install()  # before the first collective: a signal during start-up is noted, not fatal
     info = init_distributed()
     try:
-        data = cfg.data
-        source = resolve_source(
-            data.shards, data.train_urls, data.val_urls, data.train_samples, data.num_classes, data.retries
-        )
-        result = Trainer(cfg, info, source).run()
+        result = _run_released(cfg, info, request)
         if info.is_main:
             print(f"run directory: {Path(cfg.run.run_dir).resolve()}", flush=True)
         return result
     finally:
         cleanup()
+
+
+def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
+    """The run, with the trainer (its DDP model and loader processes) released before the caller tears down
+    the process group, also when the run ends in an error or a pre-emption: torn down the other way round,
+    a rank can block in its exit past the grace period."""
+    data = cfg.data
+    source = resolve_source(
+        data.shards, data.train_urls, data.val_urls, data.train_samples, data.num_classes, data.io_timeout
+    )
+    trainer = Trainer(cfg, info, source, request)
+    failure: BaseException | None = None
+    try:
+        return trainer.run()
+    except (Preempted, ImagenetTrainError) as error:
+        failure = error.with_traceback(None)  # the traceback holds the loop's frames and, in them, the loaders
+        failure.__context__ = failure.__cause__ = None
+    finally:
+        del trainer
+        gc.collect()
+    raise failure

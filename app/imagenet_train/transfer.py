@@ -20,12 +20,12 @@ class Copy:
     action: str  # "copy" or "skip"
 
 
-def plan_upload(directory: str, url: str) -> list[Copy]:
+def plan_upload(directory: str, url: str, io_timeout: float = 900.0) -> list[Copy]:
     """What `upload` would do: every file under `directory`, skipped where the bucket has its CRC32C."""
     if not os.path.isdir(directory):
         raise ImagenetTrainError(f"{directory}: not a directory")
     base = url.rstrip("/")
-    remote = {info.name: info for info in gcs.listing(base + "/")}
+    remote = {info.name: info for info in gcs.listing(base + "/", io_timeout)}
     _, prefix = gcs.split(base + "/")
     copies = []
     for root, _, files in sorted(os.walk(directory)):
@@ -40,11 +40,11 @@ def plan_upload(directory: str, url: str) -> list[Copy]:
     return copies
 
 
-def plan_sync(url: str, directory: str) -> list[Copy]:
+def plan_sync(url: str, directory: str, io_timeout: float = 900.0) -> list[Copy]:
     """What `sync` would do: every object under the prefix, skipped where the local file matches."""
     base = url.rstrip("/")
     _, prefix = gcs.split(base + "/")
-    objects = gcs.listing(base + "/")
+    objects = gcs.listing(base + "/", io_timeout)
     if not objects:
         raise ImagenetTrainError(f"{url}: no objects under this prefix")
     copies = []
@@ -56,7 +56,9 @@ def plan_sync(url: str, directory: str) -> list[Copy]:
     return copies
 
 
-def run(copies: list[Copy], copy: Callable[[str, str], object], workers: int = 8) -> int:
+def run(
+    copies: list[Copy], copy: Callable[[str, str, float], object], workers: int = 8, io_timeout: float = 900.0
+) -> int:
     """Carry out the copies in parallel; returns how many were copied."""
     todo = [c for c in copies if c.action == "copy"]
     # Shard indexes go last: whoever polls for the index (the chart's init containers) must never see
@@ -67,7 +69,7 @@ def run(copies: list[Copy], copy: Callable[[str, str], object], workers: int = 8
     def one(item: Copy) -> None:
         if copy is gcs.download:
             os.makedirs(os.path.dirname(item.target) or ".", exist_ok=True)
-        copy(item.source, item.target)
+        copy(item.source, item.target, io_timeout)
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
         list(pool.map(one, rest))
@@ -75,9 +77,9 @@ def run(copies: list[Copy], copy: Callable[[str, str], object], workers: int = 8
     return len(todo)
 
 
-def upload_tree(directory: str, url: str, workers: int = 8) -> int:
-    return run(plan_upload(directory, url), gcs.upload, workers)
+def upload_tree(directory: str, url: str, workers: int = 8, io_timeout: float = 900.0) -> int:
+    return run(plan_upload(directory, url, io_timeout), gcs.upload, workers, io_timeout)
 
 
-def sync_tree(url: str, directory: str, workers: int = 8) -> int:
-    return run(plan_sync(url, directory), gcs.download, workers)
+def sync_tree(url: str, directory: str, workers: int = 8, io_timeout: float = 900.0) -> int:
+    return run(plan_sync(url, directory, io_timeout), gcs.download, workers, io_timeout)

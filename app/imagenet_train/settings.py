@@ -1,0 +1,127 @@
+"""One declaration per setting: its help, its range or choices, and the check every entry point shares.
+
+A dataclass field declared with `setting(...)` becomes a command-line flag (cli.py), is range-checked
+with the same one-line message wherever a value comes from (flags, a config file, code), and documents
+itself. Command options that are not training settings use the same converters (`number`, `choice`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ImagenetTrainError
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a setting means and which values it takes."""
+
+    help: str
+    minimum: float | None = None  # inclusive
+    above: float | None = None  # exclusive lower bound
+    maximum: float | None = None  # inclusive
+    choices: tuple[str, ...] | None = None
+
+
+def setting(default: Any, help: str, **rules: Any) -> Any:
+    """A dataclass field carrying its Setting (help, minimum/above/maximum, choices)."""
+    return field(default=default, metadata={"setting": Setting(help, **rules)})
+
+
+def declared(instance_or_class: Any) -> list[tuple[dataclasses.Field, Setting]]:
+    """The fields of a config dataclass that are settings, in declaration order."""
+    return [(f, f.metadata["setting"]) for f in dataclasses.fields(instance_or_class) if "setting" in f.metadata]
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def expectation(kind: type, rule: Setting) -> str:
+    """'a whole number >= 1', 'a number > 0', 'one of a, b' — what a value must be."""
+    if rule.choices:
+        return "one of " + ", ".join(rule.choices)
+    noun = "a whole number" if kind is int else "a number"
+    bounds = []
+    if rule.above is not None:
+        bounds.append(f"> {rule.above:g}")
+    if rule.minimum is not None:
+        bounds.append(f">= {rule.minimum:g}")
+    if rule.maximum is not None:
+        bounds.append(f"<= {rule.maximum:g}")
+    return noun + (" " + " and ".join(bounds) if bounds else "")
+
+
+def problem(kind: type, rule: Setting, value: Any) -> str | None:
+    """Why `value` is not acceptable for this setting, or None when it is."""
+    if rule.choices:
+        return None if value in rule.choices else expectation(kind, rule)
+    if kind in (int, float):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return expectation(kind, rule)
+        if kind is int and not float(value).is_integer():
+            return expectation(kind, rule)
+        too_low = (rule.minimum is not None and value < rule.minimum) or (
+            rule.above is not None and value <= rule.above
+        )
+        too_high = rule.maximum is not None and value > rule.maximum
+        return expectation(kind, rule) if too_low or too_high else None
+    if kind is bool and not isinstance(value, bool):
+        return "true or false"
+    if kind is str and not isinstance(value, str):
+        return "text"
+    return None
+
+
+def check(name: str, kind: type, rule: Setting, value: Any) -> None:
+    """Raise the one-line error for a bad value of a setting."""
+    wanted = problem(kind, rule, value)
+    if wanted:
+        raise ImagenetTrainError(f"{flag(name)}: expected {wanted}, got '{value}'")
+
+
+def _parse(kind: type, text: str) -> Any:
+    if kind is int:
+        return int(text.strip())
+    if kind is float:
+        return float(text.strip())
+    return text
+
+
+def converter(name: str, kind: type, rule: Setting) -> Callable[[str], Any]:
+    """An argparse `type=` that parses and checks, failing with the setting's own message."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = _parse(kind, text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expectation(kind, rule)}, got '{text}'") from None
+        wanted = problem(kind, rule, value)
+        if wanted:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got '{text}'")
+        return value
+
+    convert.__name__ = name  # argparse names the type in some messages
+    return convert
+
+
+def number(kind: type = int, minimum: float | None = None, maximum: float | None = None, above: float | None = None):
+    """argparse `type=` for a plain command option: a checked int or float."""
+    return converter("value", kind, Setting("", minimum=minimum, above=above, maximum=maximum))
+
+
+def choice(*choices: str):
+    """argparse `type=` for one of a closed set of words, with the shared message."""
+    return converter("value", str, Setting("", choices=choices))
+
+
+def text(text_value: str) -> str:
+    """argparse `type=` for free text that must not be empty."""
+    if not text_value.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty value, got ''")
+    return text_value

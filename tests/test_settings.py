@@ -1,0 +1,45 @@
+"""One declaration per setting: flags, checks and help come from the config dataclasses."""
+
+import pytest
+
+from imagenet_train.cli import build_parser
+from imagenet_train.config import Config
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.settings import declared, flag
+
+
+def test_every_declared_setting_is_a_train_flag_with_its_help():
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    options = {option: action for action in train._actions for option in action.option_strings}
+    for section in Config().sections():
+        for declaration, rule in declared(section):
+            assert flag(declaration.name) in options
+            assert options[flag(declaration.name)].help.startswith(rule.help)
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "value", "message"),
+    [
+        ("optim", "lr", -1.0, "--lr: expected a number > 0 and <= 1000, got '-1.0'"),
+        ("run", "checkpoint_every", -3, "--checkpoint-every: expected a whole number >= 0, got '-3'"),
+        ("data", "mode", "sequential", "--mode: expected one of resampled, split, queue, got 'sequential'"),
+        ("data", "min_crop_scale", 0.0, "--min-crop-scale: expected a number > 0 and <= 1, got '0.0'"),
+        ("data", "io_timeout", float("nan"), "--io-timeout: expected a number >= 0"),
+    ],
+)
+def test_values_set_in_code_get_the_same_one_line_check_as_flags(section, name, value, message):
+    cfg = Config()
+    cfg.data.shards = "shards.json"
+    setattr(getattr(cfg, section), name, value)
+    with pytest.raises(ImagenetTrainError) as caught:
+        cfg.validate()
+    assert str(caught.value).startswith(message)
+
+
+def test_the_loader_may_not_give_up_before_the_io_budget():
+    cfg = Config()
+    cfg.data.shards, cfg.data.io_timeout, cfg.data.loader_timeout = "shards.json", 900, 600
+    with pytest.raises(ImagenetTrainError, match="--loader-timeout: 600 s would give up before --io-timeout 900 s"):
+        cfg.validate()
+    cfg.data.loader_timeout = 0  # wait forever is allowed
+    cfg.validate()
