@@ -156,6 +156,7 @@ def helpers(values: dict, chart: dict, release: str, namespace: str, chart_dir: 
     sa_name = (sa["name"] or fullname) if sa["create"] else (sa["name"] or "default")
     scheduling: dict[str, Any] = {
         "serviceAccountName": sa_name,
+        "terminationGracePeriodSeconds": v["terminationGracePeriodSeconds"],
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 10001,

@@ -284,6 +284,7 @@ seccompProfile:
 {{/* Scheduling and identity fields of the training pod (every launcher but trainjob takes them whole). */}}
 {{- define "imagenet-train.podScheduling" -}}
 serviceAccountName: {{ include "imagenet-train.serviceAccountName" . }}
+terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
 securityContext:
   {{- include "imagenet-train.podSecurityContext" . | nindent 2 }}
 {{- with .Values.imagePullSecrets }}
