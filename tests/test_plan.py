@@ -42,7 +42,17 @@ def test_split_epoch_counts_every_sample_once_and_batches_per_worker(sizes, worl
     )
     assert sum(r.samples for r in ranks) == sum(sizes)
     for r in ranks:
-        assert math.ceil(r.samples / batch) <= r.batches <= math.ceil(r.samples / batch) + max(r.workers, 1) - 1
+        # A lone leftover sample joins a worker's last full batch, so a batch holds up to batch + 1 samples.
+        assert math.ceil(r.samples / (batch + 1)) <= r.batches <= math.ceil(r.samples / batch) + max(r.workers, 1) - 1
+
+
+@pytest.mark.parametrize(("samples", "expected"), [(0, (0, 0)), (1, (0, 1)), (16, (1, 0)), (17, (1, 0)), (18, (1, 1))])
+def test_a_lone_leftover_sample_joins_the_last_full_batch(samples, expected):
+    from imagenet_train.data import batched
+
+    assert plan.batches_for(samples, 16) == expected
+    sizes = [len(batch) for batch in batched(range(samples), 16, partial=True, collate_fn=list)]
+    assert len(sizes) == sum(expected) and sum(sizes) == samples and (samples < 2 or min(sizes) > 1)
 
 
 def test_epoch_order_is_shared_by_ranks_and_changes_between_epochs():

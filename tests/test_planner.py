@@ -124,7 +124,7 @@ def test_plan_json_and_bad_input():
     doc = json.loads(cli("plan", "--shard-sizes", "10,20,30", "--json", "--batch-size", "4", "--workers", "1").stdout)
     assert doc["verdict"] == "OK" and [r["batches"] for r in doc["ranks"]] == [15]
     bad = cli("plan", "--shard-sizes", "10,x")
-    assert bad.returncode == 2 and "--shard-sizes: expected numbers" in bad.stderr
+    assert bad.returncode == 2 and "--shard-sizes: expected whole numbers >= 1" in bad.stderr
 
 
 @pytest.mark.parametrize("mode", ["split", "resampled"])

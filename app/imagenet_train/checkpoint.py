@@ -28,26 +28,40 @@ def save(state: dict, path: Path) -> None:
     checkpoint stays as it was and no partial file is left behind.
     """
     temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    writer = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temporary, "wb") as stream:
-            torch.save(state, stream)
-            stream.flush()
-            os.fsync(stream.fileno())
+        with open(temporary, "wb", buffering=0) as raw:
+            writer = _Writer(raw)
+            torch.save(state, writer)
+            os.fsync(raw.fileno())
         os.replace(temporary, path)
-    except (OSError, RuntimeError) as error:  # torch.save reports a failed write as RuntimeError
+    except (OSError, RuntimeError) as error:  # torch's zip writer reports a failed write as RuntimeError
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
-        reason = getattr(error, "strerror", None) or _reason(error)
+        cause = writer.error if writer and writer.error else error
+        reason = getattr(cause, "strerror", None) or str(cause).splitlines()[0][:120] or type(cause).__name__
         raise ImagenetTrainError(f"{path}: cannot write checkpoint ({reason}; {_free(path.parent)})") from None
 
 
-def _reason(error: BaseException) -> str:
-    text = str(error)
-    for known in ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded"):
-        if known.lower() in text.lower() or "file write failed" in text:
-            return known if known.lower() in text.lower() else "write failed (disk full?)"
-    return text.splitlines()[0][:120] if text else type(error).__name__
+class _Writer:
+    """The file torch.save writes to, keeping the operating system's error (torch's own message hides it)."""
+
+    def __init__(self, raw):
+        self.raw, self.error = raw, None
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        try:
+            while view:  # an unbuffered write may be short; ENOSPC comes as an OSError
+                view = view[self.raw.write(view) :]
+        except OSError as error:
+            self.error = error
+            raise
+        return len(data)
+
+    def flush(self) -> None:
+        self.raw.flush()
 
 
 def _free(folder: Path) -> str:

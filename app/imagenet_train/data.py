@@ -31,6 +31,7 @@ class BrokenShard(Exception):
 def samples_in_tar(stream, url: str) -> Iterator[dict]:
     """Group a tar stream's consecutive members by key into WebDataset samples."""
     sample: dict | None = None
+    complete: set[str] = set()  # the members a whole sample of this shard has
     try:
         for member, data in tarstream.members(stream):
             name = member.rsplit("/", 1)[-1]
@@ -38,11 +39,17 @@ def samples_in_tar(stream, url: str) -> Iterator[dict]:
             prefix = member[: len(member) - len(name)] + key
             if sample is None or sample["__key__"] != prefix:
                 if sample is not None:
+                    complete = complete or set(sample)
                     yield sample
                 sample = {"__key__": prefix, "__url__": url}
             sample[extension.lower()] = data
     except tarstream.TarFormatError as error:
-        raise BrokenShard(str(error)) from None  # the sample being assembled is incomplete: not yielded
+        # The sample being assembled counts if the damage lies in the next one, or it has every member.
+        damaged = error.member.rsplit("/", 1)[-1].partition(".")[0] if error.member else None
+        pending_key = sample["__key__"].rsplit("/", 1)[-1] if sample else None
+        if sample is not None and ((damaged and damaged != pending_key) or (complete and set(sample) >= complete)):
+            yield sample
+        raise BrokenShard(str(error)) from None
     if sample is not None:
         yield sample
 
@@ -74,12 +81,12 @@ class DamageCounters:
             return tuple(self.values)  # type: ignore[return-value]
 
 
-_reported: set[str] = set()  # shards this process already warned about
+_reported: set[tuple[str, str]] = set()  # (shard, message) pairs this process already warned about
 
 
 def _warn_once(url: str, message: str, *args) -> None:
-    if url not in _reported:
-        _reported.add(url)
+    if (url, message) not in _reported:
+        _reported.add((url, message))
         log.warning(message, url, *args)
 
 
@@ -187,13 +194,23 @@ def collate(samples: Sequence[tuple]) -> Batch:
 
 
 def batched(samples: Iterable, batch_size: int, partial: bool, collate_fn: Callable = collate) -> Iterator:
-    """Group samples into batches; the last short batch is kept only when `partial`."""
+    """Group samples into batches; the last short batch is kept only when `partial`.
+
+    A lone sample left over at the end joins the last full batch instead (plan.batches_for agrees): a batch
+    of one cannot train BatchNorm.
+    """
     pending: list = []
+    held: list | None = None  # the last full batch, held back until we know whether one sample follows
     for sample in samples:
         pending.append(sample)
         if len(pending) == batch_size:
-            yield collate_fn(pending)
-            pending = []
+            if held is not None:
+                yield collate_fn(held)
+            held, pending = pending, []
+    if partial and len(pending) == 1 and held is not None:
+        held, pending = held + pending, []
+    if held is not None:
+        yield collate_fn(held)
     if pending and partial:
         yield collate_fn(pending)
 
@@ -370,6 +387,10 @@ class EpochLoader:
             shutdown = getattr(batches, "_shutdown_workers", None)
             if shutdown:
                 shutdown()
+            for worker in getattr(batches, "_workers", []):
+                if worker.is_alive():  # it ignores SIGTERM (loader_signals), so torch's terminate() cannot end it
+                    worker.kill()
+                    worker.join(timeout=5)
 
 
 def unbatched(batches: Iterable[Batch]) -> Iterator[tuple]:

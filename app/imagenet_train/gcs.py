@@ -97,7 +97,7 @@ def transient(error: Exception) -> bool:
     import google.auth.exceptions
     from google.api_core import exceptions
 
-    if isinstance(error, exceptions.ServerError | exceptions.TooManyRequests | exceptions.RequestTimeout):
+    if isinstance(error, exceptions.ServerError | exceptions.TooManyRequests) or getattr(error, "code", None) == 408:
         return True
     if isinstance(error, exceptions.GoogleAPICallError):
         return False

@@ -27,6 +27,12 @@ def worker_shards(order: Sequence[int], rank: int, world: int, worker: int, work
     return assigned(assigned(order, rank, world), worker, workers)
 
 
+def batches_for(samples: int, batch_size: int) -> tuple[int, int]:
+    """(full, partial) batches a worker makes of `samples`; a lone leftover sample joins the last full batch."""
+    full, rest = divmod(samples, batch_size)
+    return full, 1 if rest and not (rest == 1 and full) else 0
+
+
 def loader_workers(nshards_for_rank: int, workers: int) -> int:
     """DataLoader workers worth starting: never more than the rank has shards (idle workers fail)."""
     return max(0, min(workers, nshards_for_rank))
@@ -114,7 +120,7 @@ def rank_plans(setup: Setup) -> list[RankPlan]:
         # Shards go to whichever worker asks first: only the even share of each rank can be planned.
         for rank in range(setup.world):
             share = len(assigned(range(sum(sizes)), rank, setup.world))
-            full, partial = share // setup.batch_size, 1 if share % setup.batch_size else 0
+            full, partial = batches_for(share, setup.batch_size)
             ranks.append(RankPlan(rank, (), setup.workers, share, full, partial, full + partial, ()))
         return ranks
     order = epoch_order(len(sizes), setup.seed, setup.epoch)
@@ -124,9 +130,9 @@ def rank_plans(setup: Setup) -> list[RankPlan]:
         per_worker = [tuple(assigned(mine, w, max(nworkers, 1))) for w in range(max(nworkers, 1))]
         full = partial = 0
         for shards in per_worker:
-            samples = sum(sizes[s] for s in shards) * setup.repeat
-            full += samples // setup.batch_size
-            partial += 1 if samples % setup.batch_size else 0
+            worker_full, worker_partial = batches_for(sum(sizes[s] for s in shards) * setup.repeat, setup.batch_size)
+            full += worker_full
+            partial += worker_partial
         runs = min(setup.epoch_batches, full + partial) if setup.epoch_batches else full + partial
         samples = sum(sizes[s] for s in mine) * setup.repeat
         ranks.append(RankPlan(rank, tuple(mine), nworkers, samples, full, partial, runs, tuple(per_worker)))

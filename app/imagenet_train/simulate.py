@@ -70,7 +70,7 @@ def _simulate_queue(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
                 counts[slot] += 1
     for (rank, _), samples in counts.items():
         results[rank].samples += samples
-        results[rank].batches += -(-samples // setup.batch_size)
+        results[rank].batches += sum(plan.batches_for(samples, setup.batch_size))
     return results
 
 

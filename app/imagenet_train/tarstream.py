@@ -12,7 +12,11 @@ REGULAR = (b"0", b"\x00", b"7")
 
 
 class TarFormatError(ValueError):
-    """The stream is not a well-formed tar (the message says where)."""
+    """The stream is not a well-formed tar (the message says where; `member` names a damaged member)."""
+
+    def __init__(self, message: str, member: str | None = None):
+        super().__init__(message)
+        self.member = member
 
 
 def _read(stream: BinaryIO, size: int) -> bytes:
@@ -74,7 +78,8 @@ def members(stream: BinaryIO) -> Iterator[tuple[str, bytes]]:
             name = header[345:500].split(b"\x00", 1)[0] + b"/" + name
         data = _read(stream, size)
         if len(data) < size or len(_read(stream, -size % BLOCK)) < -size % BLOCK:
-            raise TarFormatError(f"truncated member {name.decode(errors='replace')}")
+            member = name.decode(errors="replace")
+            raise TarFormatError(f"truncated member {member}", (long_name or member))
         if kind in (b"L", b"x"):  # GNU long name, pax extended header: name the next member
             long_name = data.rstrip(b"\x00").decode("utf-8", "surrogateescape") if kind == b"L" else _pax_path(data)
             continue

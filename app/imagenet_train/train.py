@@ -360,6 +360,8 @@ class Trainer:
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One optimisation step on a uint8 batch; returns the loss (on device, no sync)."""
         device = self.info.device
+        if len(labels) == 1:  # a worker's only sample (damaged data): BatchNorm cannot train on a batch of one
+            images, labels = images.expand(2, *images.shape[1:]), labels.expand(2)
         images = normalize(images.to(device, non_blocking=True), self.channels_last)
         labels = labels.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=self.amp, enabled=self.amp is not None):
