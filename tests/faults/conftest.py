@@ -1,0 +1,100 @@
+"""Fixtures of the fault suite: small shard sets, the report the table is made from, clean baselines."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from imagenet_train.serve import NginxServer
+
+from .injectors import subset_shards
+from .runs import Row, run_to_end
+
+
+@pytest.fixture(scope="session")
+def four_shards(digit_shards, tmp_path_factory) -> Path:
+    """4 train shards (520 samples, one per DataLoader worker of 2 ranks x 2 workers) and 1 val shard."""
+    return subset_shards(digit_shards, tmp_path_factory.mktemp("four-shards"), train=4, val=1)
+
+
+@pytest.fixture(scope="session")
+def eight_shards(digit_shards, tmp_path_factory) -> Path:
+    """8 train shards (1040 samples): every worker opens a second shard mid-epoch."""
+    return subset_shards(digit_shards, tmp_path_factory.mktemp("eight-shards"), train=8, val=1)
+
+
+def report_path(base: Path) -> Path:
+    """FAULTS_REPORT, or faults.jsonl in pytest's base temp directory."""
+    return Path(os.environ.get("FAULTS_REPORT") or base / "faults.jsonl")
+
+
+@pytest.fixture
+def record(request, tmp_path_factory) -> Callable[[Row], None]:
+    """Append this test's row(s) to the fault report (JSON lines), stamped with the test's id."""
+    path = report_path(tmp_path_factory.getbasetemp())
+
+    def write(row: Row) -> None:
+        row.test = request.node.nodeid
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as stream:
+            stream.write(row.as_json() + "\n")
+
+    return write
+
+
+class Baselines:
+    """Wall time of a clean run of a configuration, measured once per session (only when a report is made:
+    FAULTS_REPORT set, as `make faults` does; `make test` skips the extra runs and records no figure)."""
+
+    def __init__(self, base: Path):
+        self.base, self.seconds = base, {}
+        self.enabled = bool(os.environ.get("FAULTS_REPORT"))
+
+    def of(self, name: str, measure: Callable[[Path], float]) -> float | None:
+        """Seconds of the clean run called `name`; `measure(workdir)` runs it once and returns its wall time."""
+        if not self.enabled:
+            return None
+        if name not in self.seconds:
+            workdir = self.base / f"baseline-{len(self.seconds)}"
+            workdir.mkdir(parents=True)
+            self.seconds[name] = measure(workdir)
+        return self.seconds[name]
+
+    def over_nginx(self, name: str, shards: Path, args: list[str], timeout: float = 400) -> float | None:
+        """Baseline of `args` (without --shards/--run-dir) trained from a fresh nginx serving `shards`."""
+
+        def measure(workdir: Path) -> float:
+            with NginxServer(str(shards)) as server:
+                run = run_to_end(
+                    ["--shards", f"{server.url}/shards.json", "--run-dir", str(workdir / "run"), *args],
+                    workdir / "baseline.log",
+                    timeout,
+                )
+            assert run.process.returncode == 0, f"baseline {name} failed:\n{run.output()[-3000:]}"
+            return run.seconds
+
+        return self.of(name, measure)
+
+
+@pytest.fixture(scope="session")
+def baselines(tmp_path_factory) -> Baselines:
+    return Baselines(tmp_path_factory.mktemp("baselines"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Record each fault test's verdict in the report beside its row, so the table says whether it held."""
+    report = yield
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        verdict = {"test": item.nodeid, "result": report.outcome}
+        if report.skipped and isinstance(report.longrepr, tuple):
+            verdict["reason"] = report.longrepr[2]
+        path = report_path(item.config._tmp_path_factory.getbasetemp())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as stream:
+            stream.write(json.dumps(verdict) + "\n")
+    return report
