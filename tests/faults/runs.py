@@ -244,3 +244,8 @@ def keys_after(run_dir, step: int) -> list[str]:
     for log in epoch_folder(run_dir, 0).glob(f"rank-*-from-{step:06d}.keys"):
         found += [key for line in log.read_text().splitlines() for key in line.split()[1:]]
     return found
+
+
+def wall_lost(seconds: float, baseline: float | None) -> float | None:
+    """Wall time a fault cost over the clean run (None when no baseline was measured)."""
+    return None if baseline is None else round(seconds - baseline, 1)
