@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -193,7 +194,7 @@ def grow_tmpfs(path: Path, size_mb: int) -> None:
 
 # -- a slow, lossy link: veth pair into a namespace, tbf and random drops (netem is not in this kernel) -
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    command = ["ip", *(["netns", "exec", netns] if netns else []), *args]
+    command = ["ip", *(["-n", netns] if netns else []), *args]
     result = subprocess.run(command, capture_output=True, text=True)
     if check and result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}: {result.stderr.strip()}")
@@ -201,22 +202,28 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
 
 
 class Namespace:
-    """A network namespace joined to this one by a veth pair on a /30 from TEST-NET-1 (192.0.2.0/24)."""
+    """A network namespace joined to this one by a veth pair on a /30 of TEST-NET-2 (198.51.100.0/24).
 
-    HOST_ADDRESS, INSIDE_ADDRESS = "192.0.2.1", "192.0.2.2"
+    Not TEST-NET-1: on the CI machine 192.0.2.0/24 is eth0's own network. The /30 is picked at random among
+    those no interface here uses, so tests running side by side do not collide.
+    """
 
     def __init__(self) -> None:
         tag = uuid.uuid4().hex[:6]
         self.name, self.host_link, self.inside_link = f"ft-{tag}", f"fth{tag}", f"fti{tag}"
+        used = subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout
+        free = [b for b in range(0, 256, 4) if f"198.51.100.{b + 1}/" not in used and f"198.51.100.{b + 2}/" not in used]
+        base = random.choice(free)
+        self.host_address, self.inside_address = f"198.51.100.{base + 1}", f"198.51.100.{base + 2}"
 
     def create(self) -> Namespace:
         """Create the namespace and the veth pair, with addresses, links up."""
         _ip("netns", "add", self.name)
         _ip("link", "add", self.host_link, "type", "veth", "peer", "name", self.inside_link)
         _ip("link", "set", self.inside_link, "netns", self.name)
-        _ip("addr", "add", f"{self.HOST_ADDRESS}/30", "dev", self.host_link)
+        _ip("addr", "add", f"{self.host_address}/30", "dev", self.host_link)
         _ip("link", "set", self.host_link, "up")
-        _ip("addr", "add", f"{self.INSIDE_ADDRESS}/30", "dev", self.inside_link, netns=self.name)
+        _ip("addr", "add", f"{self.inside_address}/30", "dev", self.inside_link, netns=self.name)
         _ip("link", "set", self.inside_link, "up", netns=self.name)
         _ip("link", "set", "lo", "up", netns=self.name)
         return self
@@ -272,9 +279,9 @@ def nginx_in_namespace(ns: Namespace, root: Path, port: int = 8080) -> Iterator[
     executable = str(Path(sys.executable).with_name("imagenet-train"))
     log = open(root.parent / f"serve-{ns.name}.log", "w")  # noqa: SIM115 (closed below)
     process = ns.popen(
-        [executable, "serve", str(root), "--host", ns.INSIDE_ADDRESS, "--port", str(port)], stdout=log, stderr=log
+        [executable, "serve", str(root), "--host", ns.inside_address, "--port", str(port)], stdout=log, stderr=log
     )
-    url = f"http://{ns.INSIDE_ADDRESS}:{port}"
+    url = f"http://{ns.inside_address}:{port}"
     deadline = time.monotonic() + 30
     try:
         while True:
