@@ -212,7 +212,7 @@ class Namespace:
         tag = uuid.uuid4().hex[:6]
         self.name, self.host_link, self.inside_link = f"ft-{tag}", f"fth{tag}", f"fti{tag}"
         used = subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout
-        free = [b for b in range(0, 256, 4) if f"198.51.100.{b + 1}/" not in used and f"198.51.100.{b + 2}/" not in used]
+        free = [b for b in range(0, 256, 4) if not any(f"198.51.100.{b + i}/" in used for i in (1, 2))]
         base = random.choice(free)
         self.host_address, self.inside_address = f"198.51.100.{base + 1}", f"198.51.100.{base + 2}"
 
