@@ -83,7 +83,7 @@ test: venv system-deps image-deps k8s-tools
 FAULTS_REPORT ?= $(CURDIR)/.faults/report.jsonl
 faults: venv system-deps
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
-	start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q tests/faults; status=$$?; \
+	start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
 	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --out RELIABILITY.md; \
 	  exit $$status
 
