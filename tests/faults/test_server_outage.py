@@ -76,9 +76,8 @@ def test_split_run_rides_out_a_30s_shard_server_outage(eight_shards, tmp_path, r
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("mode", ["resampled", "queue"])
-def test_run_rides_out_a_60s_shard_server_outage(eight_shards, tmp_path, record, baselines, mode):
-    outage_during_epoch(eight_shards, tmp_path, mode, 60, record, baselines)
+def test_resampled_run_rides_out_a_60s_shard_server_outage(eight_shards, tmp_path, record, baselines):
+    outage_during_epoch(eight_shards, tmp_path, "resampled", 60, record, baselines)
 
 
 @pytest.mark.slow
