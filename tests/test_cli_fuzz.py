@@ -80,7 +80,7 @@ def test_every_command_and_flag_is_discovered():
     assert {"--lr", "--checkpoint-every", "--io-timeout", "--on-broken-shard"} <= train_flags
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(argv=command_lines())
 def test_random_flag_values_exit_2_with_one_line_or_start_normally(argv):
     started: list[argparse.Namespace] = []
