@@ -22,10 +22,11 @@ served by nginx, the GCS emulator stopped with its data kept on disk, signals to
 of a 2-rank torchrun, a run directory on a small tmpfs, a slow and lossy veth link. The tests are in
 [tests/faults/](tests/faults/); the fault injectors in [tests/faults/injectors.py](tests/faults/injectors.py).
 
-Every run trains the digits demo shards (4 or 8 train shards of 130 samples, 1 val shard) with resnet18 at
-32 px, batch 16 per rank, 2 ranks x 2 DataLoader workers, one epoch, a checkpoint every 4 steps (the
-mid-epoch moment each fault is injected at) and `--log-keys`, with the default `--io-timeout` and
-`--loader-timeout`.
+Every run trains the digits demo shards with resnet18 at 32 px, batch 16 per rank, 2 ranks x 2 DataLoader
+workers, one epoch, a checkpoint every 4 steps (the mid-epoch moment each fault is injected at) and
+`--log-keys`, with the default `--io-timeout` and `--loader-timeout`: 4 train shards of 130 samples (520)
+and 1 val shard, or for the shard-server outages 24 train shards of 20 samples (480) with a 10-sample
+shuffle buffer, so that shards are opened all through the epoch and the outage meets one.
 
 - **Outcome**: *finished* (exit 0), *stopped cleanly* (exit 128+N after a checkpoint, or exit 2 with one
   line), then *resumed* with `--resume latest` where the fault stopped the run.

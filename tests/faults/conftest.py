@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from imagenet_train.serve import NginxServer
+from imagenet_train.shards import ShardOptions, convert
 
 from .injectors import subset_shards
 from .runs import Row, run_to_end
@@ -22,9 +23,12 @@ def four_shards(digit_shards, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def eight_shards(digit_shards, tmp_path_factory) -> Path:
-    """8 train shards (1040 samples): every worker opens a second shard mid-epoch."""
-    return subset_shards(digit_shards, tmp_path_factory.mktemp("eight-shards"), train=8, val=1)
+def many_shards(digits_dir, tmp_path_factory) -> Path:
+    """24 train shards of 20 samples (480) and 1 val shard: with a small shuffle buffer every worker opens a
+    new shard every batch or two, so an outage at any moment of the epoch meets a shard open."""
+    every = tmp_path_factory.mktemp("twenty-per-shard")
+    convert(str(digits_dir), str(every), ShardOptions(maxcount=20), progress=False)
+    return subset_shards(every, tmp_path_factory.mktemp("many-shards"), train=24, val=1)
 
 
 def report_path(base: Path) -> Path:
