@@ -25,8 +25,8 @@ of a 2-rank torchrun, a run directory on a small tmpfs, a slow and lossy veth li
 Every run trains the digits demo shards with resnet18 at 32 px, batch 16 per rank, 2 ranks x 2 DataLoader
 workers, one epoch, a checkpoint every 4 steps (the mid-epoch moment each fault is injected at) and
 `--log-keys`, with the default `--io-timeout` and `--loader-timeout`: 4 train shards of 130 samples (520)
-and 1 val shard, or for the shard-server outages 24 train shards of 20 samples (480) with a 10-sample
-shuffle buffer, so that shards are opened all through the epoch and the outage meets one.
+and 1 val shard, or for the shard-server outages 24 train shards of 20 samples (480), one worker per rank and a
+10-sample shuffle buffer, so that shards are opened all through the epoch and the outage meets some.
 
 - **Outcome**: *finished* (exit 0), *stopped cleanly* (exit 128+N after a checkpoint, or exit 2 with one
   line), then *resumed* with `--resume latest` where the fault stopped the run.

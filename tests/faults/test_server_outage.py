@@ -29,8 +29,9 @@ def outage_during_epoch(shards, tmp_path, mode: str, seconds: float, record, bas
     """Train from nginx, stop nginx once step 4's checkpoint exists, start it `seconds` later; check the run."""
     run_dir = tmp_path / "run"
     # Default --io-timeout and --loader-timeout (on purpose): the defaults must ride out these outages.
-    # A small shuffle buffer keeps shard opens spread over the epoch instead of all at its start.
-    args = ["--mode", mode, *FAULT_TRAIN, "--shuffle-buffer", "10"]
+    # One worker per rank (the DataLoader runs 4 batches ahead of each) and a small shuffle buffer keep
+    # shard opens spread over the whole epoch instead of all at its start: the outage meets some.
+    args = ["--mode", mode, *FAULT_TRAIN, "--shuffle-buffer", "10", "--workers", "1"]
     server = RestartableNginx(str(shards), port=free_port())
     server.start()
     try:
