@@ -226,7 +226,7 @@ def outcome_of(code: int, text: str) -> str:
         return f"stopped cleanly on {name} (exit {code})"
     ours = [line for line in text.splitlines() if line.startswith("imagenet-train: error:")]
     others = [line for line in text.splitlines() if "Error" in line and "ChildFailedError" not in line]
-    detail = (ours[:1] or others[-1:] or [""])[0].strip()[:200]
+    detail = (ours[:1] or others[:1] or [""])[0].strip()[:200]
     if code == 2 and not traceback_in(text):
         return f"stopped cleanly (exit 2: {detail})"
     return f"FAILED (exit {code}: {detail})"
