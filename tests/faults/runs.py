@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -225,7 +226,11 @@ def outcome_of(code: int, text: str) -> str:
             return f"died on {name} (exit {code}, traceback)"
         return f"stopped cleanly on {name} (exit {code})"
     ours = [line for line in text.splitlines() if line.startswith("imagenet-train: error:")]
-    others = [line for line in text.splitlines() if "Error" in line and "ChildFailedError" not in line]
+    others = [
+        line
+        for line in text.splitlines()
+        if re.search(r"\b[A-Z]\w*(Error|Exception): \S", line) and "ChildFailedError" not in line
+    ]
     detail = (ours[:1] or others[:1] or [""])[0].strip()[:200]
     if code == 2 and not traceback_in(text):
         return f"stopped cleanly (exit 2: {detail})"
