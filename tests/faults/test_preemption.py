@@ -45,6 +45,9 @@ def sigterm_then_resume(shards, tmp_path, mode: str, record, baselines) -> None:
         first.send(signal.SIGTERM)
         code = first.wait(timeout=200)
         text = first.output()
+        stopped = STOPPED.search(text)
+        # Looked at now: the finished epoch's checkpoint supersedes (prunes) the mid-epoch one.
+        saved = stopped is not None and step_checkpoint(run_dir, int(stopped.group(1))).exists()
         resumed = run_to_end([*full, "--resume", "latest"], tmp_path / "second.log", 400, launch=True) if code else None
     keys = logged_train_keys(run_dir)
     everything = train_keys(shards)
@@ -68,10 +71,9 @@ def sigterm_then_resume(shards, tmp_path, mode: str, record, baselines) -> None:
     )
     assert code == 128 + signal.SIGTERM, f"expected exit 143 after SIGTERM, got {code}:\n{text[-4000:]}"
     assert not traceback_in(text), text[-4000:]
-    stopped = STOPPED.search(text)
     assert stopped, f"no 'stopped by SIGTERM ...' line:\n{text[-3000:]}"
     step = int(stopped.group(1))
-    assert step >= 4 and step_checkpoint(run_dir, step).exists()
+    assert step >= 4 and saved, f"no checkpoint of step {step} after the stop"
     assert second == 0, resumed.output()[-4000:]
     assert f"continuing at epoch 0, step {step}" in resumed.output()
     assert metrics(run_dir)[-1]["resumed_from_step"] == step
