@@ -222,8 +222,12 @@ def outcome_of(code: int, text: str) -> str:
     if code > 128 or code < 0:
         signum = code - 128 if code > 128 else -code
         name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
+        if "forcefully exiting via 9" in text:
+            return f"ranks did not stop on {name} within the shutdown timeout: SIGKILLed (exit {code})"
         if traceback_in(text):
             return f"died on {name} (exit {code}, traceback)"
+        if not re.search(rf"stopped by {name} at epoch \d+ step \d+: checkpoint", text):
+            return f"exit {code} on {name} without a stop checkpoint"
         return f"stopped cleanly on {name} (exit {code})"
     ours = [line for line in text.splitlines() if line.startswith("imagenet-train: error:")]
     others = [
