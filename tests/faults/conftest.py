@@ -57,6 +57,10 @@ class Baselines:
     def __init__(self, base: Path):
         self.base, self.seconds = base, {}
         self.enabled = bool(os.environ.get("FAULTS_REPORT"))
+        # Kept beside the report, so a test run again on its own compares with the same clean runs.
+        self.saved = report_path(base).with_suffix(".baselines.json") if self.enabled else None
+        if self.saved and self.saved.exists():
+            self.seconds = json.loads(self.saved.read_text())
 
     def of(self, name: str, measure: Callable[[Path], float]) -> float | None:
         """Seconds of the clean run called `name`; `measure(workdir)` runs it once and returns its wall time."""
@@ -66,6 +70,8 @@ class Baselines:
             workdir = self.base / f"baseline-{len(self.seconds)}"
             workdir.mkdir(parents=True)
             self.seconds[name] = measure(workdir)
+            if self.saved:
+                self.saved.write_text(json.dumps(self.seconds, indent=1))
         return self.seconds[name]
 
     def over_nginx(self, name: str, shards: Path, args: list[str], timeout: float = 400) -> float | None:
