@@ -84,7 +84,7 @@ FAULTS_REPORT ?= $(CURDIR)/.faults/report.jsonl
 faults: venv system-deps
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
 	start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
-	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --out RELIABILITY.md; \
+	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --findings tests/faults/findings.md --out RELIABILITY.md; \
 	  exit $$status
 
 image-test: venv system-deps image-deps k8s-tools

@@ -41,6 +41,10 @@ and 1 val shard, or for the shard-server outages 24 train shards of 20 samples (
   configuration measured in the same session.
 - **Test**: whether the test's assertions about the specified behaviour held.
 
+The machine is shared (2 cores, load average 12-16 from other jobs while this table was made), so run times
+vary by tens of seconds between identical runs: a negative "wall time lost" is that noise, or a run that
+failed early.
+
 `tc netem` is not available in this kernel (CONFIG_NET_SCH_NETEM is not set): the slow-link fault uses a
 `tbf` qdisc (rate cap; its queue adds delay) on both ends of the veth pair, and random drops with iptables'
 `statistic` match inside the namespace.
@@ -86,7 +90,7 @@ def figure(value) -> str:
     return "–" if value is None else str(value)
 
 
-def render(records: list[dict], seconds: float | None, command: str) -> str:
+def render(records: list[dict], seconds: float | None, command: str, findings: str = "") -> str:
     """The whole RELIABILITY.md for a report's records."""
     # A test run again (to measure it again) replaces its earlier row and verdict.
     rows = list({r["test"]: r for r in records if "fault" in r}.values())
@@ -123,6 +127,8 @@ def render(records: list[dict], seconds: float | None, command: str) -> str:
     if notes:
         lines.append("\nNotes from the runs:\n")
         lines += [f"- {note}" for note in notes]
+    if findings:
+        lines.append("\n" + findings.strip())
     return "\n".join(lines) + "\n"
 
 
@@ -133,13 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="RELIABILITY.md", help="markdown file to write")
     parser.add_argument("--seconds", type=float, default=None, help="wall time of the whole suite")
     parser.add_argument("--command", default="make faults", help="the command that produced the report")
+    parser.add_argument("--findings", default="", help="a markdown file appended after the table (open failures)")
     args = parser.parse_args(argv)
     path = Path(args.report)
     if not path.exists():
         print(f"fault_table: {path}: no report (did the fault suite run?)", file=sys.stderr)
         return 2
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    Path(args.out).write_text(render(records, args.seconds, args.command))
+    findings = Path(args.findings).read_text() if args.findings and Path(args.findings).exists() else ""
+    Path(args.out).write_text(render(records, args.seconds, args.command, findings))
     print(f"wrote {args.out}: {sum('fault' in r for r in records)} rows")
     return 0
 
