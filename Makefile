@@ -20,11 +20,12 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps k8s-tools manifests demo test image-test lint bench clean build push shell docker-run
+.PHONY: help venv system-deps image-deps k8s-tools manifests demo test faults image-test lint bench clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
-	@echo "make test   - set up and run the test suite"
+	@echo "make test   - set up and run the test suite (without the slow fault tests)"
+	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into RELIABILITY.md"
 	@echo "make lint   - ruff"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into BENCHMARKS.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
@@ -73,8 +74,18 @@ manifests: venv
 demo: venv system-deps
 	$(BIN)/python tools/demo.py --workdir demo
 
+# The slow fault tests (minutes each) run in `make faults`; the fast ones, regressions included, run here.
 test: venv system-deps image-deps k8s-tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# The whole fault suite (tests/faults, slow ones included), then RELIABILITY.md from its report.
+# Needs root for the tmpfs and network-namespace faults (they skip, saying so, otherwise).
+FAULTS_REPORT ?= $(CURDIR)/.faults/report.jsonl
+faults: venv system-deps
+	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
+	start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
+	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --findings tests/faults/findings.md --out RELIABILITY.md; \
+	  exit $$status
 
 image-test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q tests/test_image.py
@@ -104,4 +115,4 @@ lint: venv
 	$(BIN)/ruff format --check app tests tools bench
 
 clean:
-	rm -rf demo runs .pytest_cache
+	rm -rf demo runs .pytest_cache .faults

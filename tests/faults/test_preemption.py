@@ -1,0 +1,136 @@
+"""Pre-emption and crashes mid-epoch: SIGTERM to the launcher (torchrun in `imagenet-train launch`) stops
+every rank cleanly after a checkpoint, and `--resume latest` finishes the epoch with no batch lost;
+SIGKILL of one rank ends the job without a hang and resumes from the last --checkpoint-every."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections import Counter
+
+import pytest
+
+from imagenet_train import plan
+from imagenet_train.position import consumed_keys
+from imagenet_train.serve import NginxServer
+
+from .injectors import train_keys
+from .runs import (
+    FAULT_TRAIN,
+    Row,
+    TorchRun,
+    account_exact,
+    account_resampled,
+    checkpoint_position,
+    keys_after,
+    logged_train_keys,
+    metrics,
+    outcome_of,
+    run_to_end,
+    step_checkpoint,
+    traceback_in,
+    wall_lost,
+)
+
+STOPPED = re.compile(r"stopped by SIGTERM at epoch 0 step (\d+): checkpoint (\S+); continue with --resume latest")
+
+
+def sigterm_then_resume(shards, tmp_path, mode: str, record, baselines) -> None:
+    run_dir = tmp_path / "run"
+    args = ["--mode", mode, *FAULT_TRAIN]
+    with NginxServer(str(shards)) as server:
+        full = ["--shards", f"{server.url}/shards.json", "--run-dir", str(run_dir), *args]
+        first = TorchRun(full, tmp_path / "first.log", launch=True)
+        first.wait_for(step_checkpoint(run_dir, 4).exists, 300, "a checkpoint at step 4")
+        first.send(signal.SIGTERM)
+        code = first.wait(timeout=200)
+        text = first.output()
+        stopped = STOPPED.search(text)
+        # Looked at now: the finished epoch's checkpoint supersedes (prunes) the mid-epoch one.
+        saved = stopped is not None and step_checkpoint(run_dir, int(stopped.group(1))).exists()
+        resumed = run_to_end([*full, "--resume", "latest"], tmp_path / "second.log", 400, launch=True) if code else None
+    keys = logged_train_keys(run_dir)
+    everything = train_keys(shards)
+    nominal = plan.resampled_epoch_batches(len(everything), 16, 2) * 32
+    accounting = account_resampled(keys, nominal) if mode == "resampled" else account_exact(keys, everything)
+    second = resumed.process.returncode if resumed else None
+    outcome = outcome_of(code, text)
+    if resumed:
+        outcome += f"; resumed: {outcome_of(second, resumed.output())}"
+    seconds = first.seconds + (resumed.seconds if resumed else 0)
+    record(
+        Row(
+            fault="SIGTERM to the launcher (torchrun) mid-epoch, then --resume latest",
+            mode=mode,
+            outcome=outcome,
+            lost=accounting.lost,
+            repeated=accounting.repeated,
+            wall_lost_s=wall_lost(seconds, baselines.over_nginx(f"four-{mode}", shards, args)),
+            seconds=round(seconds, 1),
+        )
+    )
+    assert code == 128 + signal.SIGTERM, f"expected exit 143 after SIGTERM, got {code}:\n{text[-4000:]}"
+    assert not traceback_in(text), text[-4000:]
+    assert stopped, f"no 'stopped by SIGTERM ...' line:\n{text[-3000:]}"
+    step = int(stopped.group(1))
+    assert step >= 4 and saved, f"no checkpoint of step {step} after the stop"
+    assert second == 0, resumed.output()[-4000:]
+    assert f"continuing at epoch 0, step {step}" in resumed.output()
+    assert metrics(run_dir)[-1]["resumed_from_step"] == step
+    assert accounting.lost == 0 and accounting.unexpected == 0, accounting
+    if mode != "resampled":  # the exact modes: every sample once over both parts
+        assert accounting.repeated == 0 and accounting.seen == len(everything), accounting
+
+
+@pytest.mark.timeout(900)
+def test_sigterm_mid_epoch_stops_split_mode_cleanly_and_resume_finishes_it(four_shards, tmp_path, record, baselines):
+    sigterm_then_resume(four_shards, tmp_path, "split", record, baselines)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mode", ["resampled", "queue"])
+def test_sigterm_mid_epoch_stops_cleanly_and_resume_finishes_the_epoch(four_shards, tmp_path, record, baselines, mode):
+    sigterm_then_resume(four_shards, tmp_path, mode, record, baselines)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sigkill_of_one_rank_ends_the_job_and_resume_sees_every_sample_once(four_shards, tmp_path, record, baselines):
+    run_dir = tmp_path / "run"
+    args = ["--mode", "split", *FAULT_TRAIN]
+    with NginxServer(str(four_shards)) as server:
+        full = ["--shards", f"{server.url}/shards.json", "--run-dir", str(run_dir), *args]
+        first = TorchRun(full, tmp_path / "first.log")
+        first.wait_for(step_checkpoint(run_dir, 8).exists, 300, "a checkpoint at step 8")
+        first.kill_rank(signal.SIGKILL)
+        code = first.wait(timeout=200)  # torchrun must notice and end the other rank: no hang
+        position = checkpoint_position(run_dir)
+        resumed = run_to_end([*full, "--resume", "latest"], tmp_path / "second.log", 400)
+    # A SIGKILLed rank writes nothing at the end: the position key logs are the record of both parts.
+    before = consumed_keys(run_dir, position)
+    after = keys_after(run_dir, position.step)
+    everything = train_keys(four_shards)
+    counts = {key: 1 for key in before}
+    for key in after:
+        counts[key] = counts.get(key, 0) + 1
+    accounting = account_exact(Counter(counts), everything)
+    seconds = first.seconds + resumed.seconds
+    record(
+        Row(
+            fault="SIGKILL of one rank mid-epoch, then --resume latest",
+            mode="split",
+            outcome=f"job ended (exit {code}, no hang); resumed from step {position.step}: "
+            + outcome_of(resumed.process.returncode, resumed.output()),
+            lost=accounting.lost,
+            repeated=accounting.repeated,
+            wall_lost_s=wall_lost(seconds, baselines.over_nginx("four-split", four_shards, args)),
+            seconds=round(seconds, 1),
+            notes=["steps after the last --checkpoint-every are trained again (their results died with the rank)"],
+        )
+    )
+    assert code != 0
+    assert position.epoch == 0 and position.step >= 8
+    assert resumed.process.returncode == 0, resumed.output()[-4000:]
+    assert accounting.lost == 0 and accounting.repeated == 0 and accounting.unexpected == 0, accounting
+    assert len(set(before) | set(after)) == len(everything)
