@@ -20,7 +20,7 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps k8s-tools manifests demo test image-test lint bench clean build push shell docker-run
+.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test launchers image-test lint bench clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
@@ -48,6 +48,13 @@ image-deps:
 	    || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah podman runc mmdebstrap >/dev/null) \
 	    || echo "image-deps: buildah/podman could not be installed; the image tests will skip" >&2; \
 	  else echo "image-deps: not root; install buildah podman runc mmdebstrap to run the image tests" >&2; fi; }
+
+# The launchers' tests start real OpenSSH servers and a real Slurm (munged, slurmctld, two slurmd) on 127.0.0.1.
+launcher-deps:
+	@{ [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1 && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ]; } || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    openssh-server openssh-client slurm-wlm munge >/dev/null; \
+	  else echo "missing: sudo apt-get install -y openssh-server openssh-client slurm-wlm munge" >&2; exit 1; fi; }
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -153,7 +153,11 @@ def add_commands(commands, formatter) -> None:
     slurm.add_argument("--script", default="imagenet-train.sbatch", help="where to write the sbatch script")
     slurm.add_argument("--executable", default="", help="imagenet-train on the nodes (default: this one's path)")
     slurm.add_argument(
-        "--sbatch-option", action="append", default=[], metavar="OPTION", help="another #SBATCH line, e.g. --account=X"
+        "--sbatch-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="another #SBATCH line, e.g. --sbatch-option=--account=X",
     )
     slurm.add_argument("--submit", action="store_true", help="submit with sbatch and print the job id")
     slurm.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")

@@ -135,6 +135,7 @@ class _Fleet:
         self.lock = threading.Lock()
         self.processes: list[subprocess.Popen] = []
         self.relays: list[threading.Thread] = []
+        self.ended: list[int] = []  # node ranks in the order their ssh ended
         width = max(len(host.label) for host in options.hosts)
         for rank, host in enumerate(options.hosts):
             process = subprocess.Popen(
@@ -150,6 +151,12 @@ class _Fleet:
                 relay = threading.Thread(target=self._relay, args=(stream, target, prefix), daemon=True)
                 relay.start()
                 self.relays.append(relay)
+            threading.Thread(target=self._wait, args=(rank, process), daemon=True).start()
+
+    def _wait(self, rank: int, process: subprocess.Popen) -> None:
+        process.wait()
+        with self.lock:
+            self.ended.append(rank)
 
     def _relay(self, stream, target, prefix: bytes) -> None:
         for line in iter(stream.readline, b""):
@@ -190,16 +197,17 @@ def run(options: SshOptions) -> int:
     first_failure: tuple[int, int] | None = None  # (rank, exit code) of the host that failed first
     stop_deadline = None
     try:
-        while any(process.poll() is None for process in fleet.processes):
-            if first_failure is None and stop_deadline is None:
-                for rank, process in enumerate(fleet.processes):
-                    if process.returncode not in (None, 0):
-                        first_failure = (rank, process.returncode)
-                        why = " (ssh: no connection, or it broke)" if process.returncode == 255 else ""
-                        fleet.say(
-                            f"{options.hosts[rank].label} exited with {process.returncode}{why}; stopping the others"
-                        )
-                        break
+        while True:
+            with fleet.lock:
+                ended = list(fleet.ended)
+            failed = [rank for rank in ended if fleet.processes[rank].returncode != 0]
+            if failed and first_failure is None and stop_deadline is None:
+                rank, code = failed[0], fleet.processes[failed[0]].returncode
+                first_failure = (rank, code)
+                why = " (ssh: no connection, or it broke)" if code == 255 else ""
+                fleet.say(f"{options.hosts[rank].label} exited with {code}{why}; stopping the others")
+            if len(ended) == len(fleet.processes):
+                break
             if (first_failure or received) and stop_deadline is None:
                 if received:
                     fleet.say(f"{signal.Signals(received[0]).name}: stopping every host")
