@@ -25,6 +25,7 @@ GPUS ?= 2
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite"
+	@echo "make launchers - the SSH and Slurm launchers training for real (local sshd x2, local 2-node Slurm)"
 	@echo "make lint   - ruff"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into BENCHMARKS.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
@@ -80,8 +81,12 @@ manifests: venv
 demo: venv system-deps
 	$(BIN)/python tools/demo.py --workdir demo
 
-test: venv system-deps image-deps k8s-tools
-	$(BIN)/python -m pytest -q
+test: venv system-deps image-deps k8s-tools launcher-deps
+	$(BIN)/python -m pytest -q -m "not launchers"
+
+# Training for real over two local sshd and on a local two-node Slurm (see README: Over SSH, On Slurm).
+launchers: venv system-deps launcher-deps
+	$(BIN)/python -m pytest -q -m launchers tests/test_ssh_launch.py tests/test_slurm.py
 
 image-test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q tests/test_image.py

@@ -271,6 +271,8 @@ def _submit(env: dict, tmp_path: Path, run_dir: Path, url: str, *extra: str) -> 
     return re.search(r"submitted: job (\d+)", result.stdout).group(1)
 
 
+@pytest.mark.launchers
+@pytest.mark.timeout(900)
 def test_a_two_node_slurm_job_trains_the_digits_from_nginx(slurm_cluster, shard_server, tmp_path):
     run_dir = tmp_path / "run"
     job = _submit(slurm_cluster, tmp_path, run_dir, f"{shard_server.url}/shards.json", "--epochs", "3")
@@ -289,6 +291,8 @@ def test_a_two_node_slurm_job_trains_the_digits_from_nginx(slurm_cluster, shard_
     print(f"slurm 2 nodes x 1 process, 3 epochs: top-1 {metrics[-1]['top1']:.4f}")
 
 
+@pytest.mark.launchers
+@pytest.mark.timeout(900)
 def test_scancel_signal_usr1_stops_training_cleanly_with_a_checkpoint(slurm_cluster, shard_server, tmp_path):
     run_dir = tmp_path / "run"
     job = _submit(slurm_cluster, tmp_path, run_dir, f"{shard_server.url}/shards.json", "--epochs", "50")

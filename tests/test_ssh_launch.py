@@ -206,6 +206,8 @@ def _ssh_train(hosts: Path, access: list[str], tag: str, run_dir: Path, url: str
     ]
 
 
+@pytest.mark.launchers
+@pytest.mark.timeout(900)
 def test_two_hosts_over_ssh_train_the_digits_from_nginx(two_hosts, shard_server, tmp_path):
     hosts, access = two_hosts
     tag = f"IMAGENET_TRAIN_TEST_TAG={uuid.uuid4().hex}"
@@ -225,6 +227,8 @@ def test_two_hosts_over_ssh_train_the_digits_from_nginx(two_hosts, shard_server,
     assert _tagged(tag) == []
 
 
+@pytest.mark.launchers
+@pytest.mark.timeout(900)
 def test_a_killed_host_stops_the_other_and_leaves_no_training_process(two_hosts, shard_server, tmp_path):
     hosts, access = two_hosts
     tag = f"IMAGENET_TRAIN_TEST_TAG={uuid.uuid4().hex}"
@@ -264,3 +268,29 @@ def test_a_killed_host_stops_the_other_and_leaves_no_training_process(two_hosts,
     left = _tagged(tag)
     assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
     assert not (run_dir / "checkpoints" / "epoch-0049.pt").exists()
+
+
+@pytest.mark.launchers
+@pytest.mark.timeout(900)
+def test_ctrl_c_stops_every_host_and_leaves_no_training_process(two_hosts, shard_server, tmp_path):
+    hosts, access = two_hosts
+    tag = f"IMAGENET_TRAIN_TEST_TAG={uuid.uuid4().hex}"
+    run_dir = tmp_path / "run"
+    command = _ssh_train(hosts, access, tag, run_dir, f"{shard_server.url}/shards.json", "--epochs", "50")
+    with open(tmp_path / "out.txt", "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "config.json").exists():
+            assert process.poll() is None, (tmp_path / "out.txt").read_text()[-4000:]
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.5)
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in its terminal sends
+        code = process.wait(timeout=180)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    output = (tmp_path / "out.txt").read_text()
+    assert "imagenet-train ssh: SIGINT: stopping every host" in output
+    assert code != 0 and "exit codes: " in output, output[-4000:]
+    assert _tagged(tag) == []
