@@ -121,7 +121,7 @@ def test_the_sbatch_script_starts_one_launch_per_node_and_stops_cleanly_on_the_s
         "--account=vision",
     ]
     assert (
-        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 /opt/venv/bin/imagenet-train launch --nproc-per-node 8 -- "
+        "srun --ntasks-per-node=1 /opt/venv/bin/imagenet-train launch --nproc-per-node 8 -- "
         "train --shards http://s/shards.json --epochs 90\n" in text
     )
     assert "requeue" not in text
@@ -140,7 +140,7 @@ def test_requeue_resumes_from_the_latest_checkpoint_after_a_clean_stop():
     [
         (["--nodes", "0"], "--nodes: expected a number >= 1, got '0'"),
         (["--signal", "USR1@soon"], "--signal: expected SIG[@SECONDS] such as USR1@120, got 'USR1@soon'"),
-        ([], "expected the imagenet-train command to run after '--'"),
+        ([], "expected the imagenet-train command to run after '--', e.g. -- train --shards URL"),
     ],
 )
 def test_bad_slurm_flags_are_one_line_errors(tmp_path, flags, message):

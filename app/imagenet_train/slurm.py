@@ -169,7 +169,8 @@ def batch_script(job: BatchJob) -> str:
         "# Written by `imagenet-train slurm`: one task per node runs `imagenet-train launch`, which maps",
         "# SLURM_* (nodes, node rank, first node, GPUs) to torchrun. Training stops cleanly on SIGUSR1/SIGTERM.",
         "set -uo pipefail",
-        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " + shlex.join(launch),
+        # No --kill-on-bad-exit: after a pre-emption the node that stops first would cut off rank 0's checkpoint.
+        "srun --ntasks-per-node=1 " + shlex.join(launch),
         "status=$?",
     ]
     if job.requeue:
