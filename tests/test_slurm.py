@@ -305,5 +305,5 @@ def test_scancel_signal_usr1_stops_training_cleanly_with_a_checkpoint(slurm_clus
     assert state["ExitCode"] == "138:0", log[-4000:]
     assert re.search(r"stopped by SIGUSR1 at epoch \d+ step \d+: checkpoint .*epoch-\d{4}-step-\d{6}\.pt", log), log
     assert list((run_dir / "checkpoints").glob("epoch-*-step-*.pt"))
-    leftover = subprocess.run(["pgrep", "-f", f"--run-dir {run_dir}"], capture_output=True, text=True).stdout
+    leftover = subprocess.run(["pgrep", "-f", "--", f"--run-dir {run_dir}"], capture_output=True, text=True).stdout
     assert leftover == ""
