@@ -50,6 +50,7 @@ def test_io_settings_and_named_variables_go_to_the_hosts_but_never_a_secret():
         "AWS_SECRET_ACCESS_KEY": "s3cr3t",
         "AWS_SESSION_TOKEN": "t0k3n",
         "AWS_SHARED_CREDENTIALS_FILE": "/etc/keys/aws",
+        "AIS_AUTHN_TOKEN_FILE": "/etc/keys/ais-token",
         "HOME": "/root",
         "OMP_NUM_THREADS": "4",
     }
@@ -57,6 +58,7 @@ def test_io_settings_and_named_variables_go_to_the_hosts_but_never_a_secret():
     assert chosen == {
         "GOOGLE_APPLICATION_CREDENTIALS": "/etc/keys/sa.json",
         "AWS_SHARED_CREDENTIALS_FILE": "/etc/keys/aws",
+        "AIS_AUTHN_TOKEN_FILE": "/etc/keys/ais-token",
         "OMP_NUM_THREADS": "4",
         "NCCL_DEBUG": "INFO",
     }

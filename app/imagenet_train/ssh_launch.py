@@ -26,6 +26,12 @@ HOST_LINE = re.compile(
 )
 # Names whose values are keys, not keys' locations: these never go on a remote command line.
 SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY|_KEY$|_KEY_ID$")
+LOCATION_NAME = re.compile(r"_(FILE|PATH|DIR)$")  # AIS_AUTHN_TOKEN_FILE names a file: that may go
+
+
+def is_secret(name: str) -> bool:
+    """Whether a variable's value is likely a key itself rather than where one is kept."""
+    return bool(SECRET_NAME.search(name)) and not LOCATION_NAME.search(name)
 
 
 @dataclass(frozen=True)
@@ -64,12 +70,12 @@ def parse_hosts(path: str) -> list[Host]:
 
 def forwarded_environment(env: Mapping[str, str], requested: Sequence[str]) -> dict[str, str]:
     """The variables every host gets: the shard I/O settings present here, plus `--env NAME[=VALUE]`."""
-    chosen = {k: v for k, v in env.items() if k.startswith(IO_ENVIRONMENT) and not SECRET_NAME.search(k)}
+    chosen = {k: v for k, v in env.items() if k.startswith(IO_ENVIRONMENT) and not is_secret(k)}
     for item in requested:
         name, has_value, value = item.partition("=")
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise ImagenetTrainError(f"--env: expected NAME or NAME=VALUE, got '{item}'")
-        if SECRET_NAME.search(name):
+        if is_secret(name):
             raise ImagenetTrainError(
                 f"--env {name}: looks like a secret; keep it in a file on each host and pass the file's location "
                 "(e.g. GOOGLE_APPLICATION_CREDENTIALS, AWS_SHARED_CREDENTIALS_FILE)"
