@@ -16,6 +16,7 @@ import pytest
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launch import resolve
 from imagenet_train.ssh_launch import Host, SshOptions, forwarded_environment, parse_hosts, remote_command
+from imagenet_train.ssh_node import descendants
 
 from conftest import REPO, SMALL_TRAIN, cli, read_metrics
 
@@ -296,3 +297,50 @@ def test_ctrl_c_stops_every_host_and_leaves_no_training_process(two_hosts, shard
     assert "imagenet-train ssh: SIGINT: stopping every host" in output
     assert code != 0 and "exit codes: " in output, output[-4000:]
     assert _tagged(tag) == []
+
+
+# --- ssh-node, what each host runs: tested here on a long-running command (a real nginx via `serve`) --------
+
+
+def _start_node(tmp_path: Path) -> tuple[subprocess.Popen, int, list[int]]:
+    """`ssh-node -- serve DIR`; returns it, serve's pid and the pids below serve (nginx) once it serves."""
+    pid_file = tmp_path / "serve.pid"
+    node = subprocess.Popen(
+        [EXECUTABLE, "ssh-node", "--grace-period", "5", "--", "serve", str(tmp_path), "--port", "0"]
+        + ["--pid-file", str(pid_file)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert node.poll() is None and time.monotonic() < deadline, "serve did not start under ssh-node"
+        time.sleep(0.1)
+    serve = int(pid_file.read_text())
+    return node, serve, descendants(serve)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ssh_node_stops_its_command_when_the_session_ends(tmp_path):
+    node, serve, below = _start_node(tmp_path)
+    assert below, "nginx should run below serve"
+    node.stdin.close()  # what the host sees when the ssh connection closes
+    assert node.wait(timeout=60) == 0  # serve stops cleanly on SIGTERM
+    assert not any(_alive(pid) for pid in [serve, *below])
+
+
+def test_ssh_node_kills_what_a_killed_command_left_behind(tmp_path):
+    node, serve, below = _start_node(tmp_path)
+    try:
+        os.kill(serve, signal.SIGKILL)  # nginx is orphaned; ssh-node, a subreaper, inherits and ends it
+        assert node.wait(timeout=60) == 128 + signal.SIGKILL
+    finally:
+        if node.poll() is None:
+            os.killpg(node.pid, signal.SIGKILL)
+    assert below and not any(_alive(pid) for pid in below)
