@@ -332,7 +332,10 @@ def test_ssh_node_stops_its_command_when_the_session_ends(tmp_path):
     assert below, "nginx should run below serve"
     node.stdin.close()  # what the host sees when the ssh connection closes
     assert node.wait(timeout=60) == 0  # serve stops cleanly on SIGTERM
-    assert not any(_alive(pid) for pid in [serve, *below])
+    survivors = [pid for pid in [serve, *below] if _alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert survivors == []
 
 
 def test_ssh_node_kills_what_a_killed_command_left_behind(tmp_path):
@@ -343,4 +346,7 @@ def test_ssh_node_kills_what_a_killed_command_left_behind(tmp_path):
     finally:
         if node.poll() is None:
             os.killpg(node.pid, signal.SIGKILL)
-    assert below and not any(_alive(pid) for pid in below)
+    survivors = [pid for pid in below if _alive(pid)]
+    for pid in survivors:  # do not leave them to the machine when the check fails
+        os.kill(pid, signal.SIGKILL)
+    assert below and survivors == []
