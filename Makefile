@@ -81,7 +81,7 @@ manifests: venv
 demo: venv system-deps
 	$(BIN)/python tools/demo.py --workdir demo
 
-test: venv system-deps image-deps k8s-tools launcher-deps
+test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q -m "not launchers"
 
 # Training for real over two local sshd and on a local two-node Slurm (see README: Over SSH, On Slurm).
