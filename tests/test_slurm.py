@@ -138,8 +138,8 @@ def test_requeue_resumes_from_the_latest_checkpoint_after_a_clean_stop():
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--nodes", "0"], "--nodes: expected a number >= 1, got '0'"),
-        (["--signal", "USR1@soon"], "--signal: expected SIG[@SECONDS] such as USR1@120, got 'USR1@soon'"),
+        (["--nodes", "0"], "--nodes: expected a whole number >= 1 and <= 100000, got '0'"),
+        (["--signal", "USR1@soon"], "--signal: expected [R:]SIG[@SECONDS] such as USR1@120, got 'USR1@soon'"),
         ([], "expected the imagenet-train command to run after '--', e.g. -- train --shards URL"),
     ],
 )

@@ -83,7 +83,8 @@ def test_each_host_gets_its_node_rank_and_host_zero_as_rendezvous():
     env = dict(word.split("=", 1) for word in words[2 : words.index("/opt/venv/bin/imagenet-train")])
     assert env["OMP_NUM_THREADS"] == "4"
     program = words[words.index("/opt/venv/bin/imagenet-train") + 1 :]
-    assert program[:3] == ["ssh-node", "--grace-period", "90"]
+    assert program[:3] == ["ssh-node", "--grace-period", "90"]  # launch's 80 s, then SIGKILL
+    assert program[4:7] == ["launch", "--grace-period", "80"]
     assert program[-5:] == ["train", "--run-dir", "/runs/it's here", "--shards", "http://gpu1:8080/shards.json"]
     nproc = program[program.index("--nproc-per-node") + 1]
     assert resolve(env, nproc).torchrun == [

@@ -101,7 +101,7 @@ class SshOptions:
     identity: str = ""
     ssh_options: list[str] = field(default_factory=list)
     connect_timeout: float = 20
-    grace_period: float = 90
+    grace_period: float = 80  # launch's: the ranks' time to finish a step and checkpoint
 
 
 def remote_command(options: SshOptions, rank: int) -> str:
@@ -114,7 +114,9 @@ def remote_command(options: SshOptions, rank: int) -> str:
         "IMAGENET_TRAIN_MASTER_PORT": str(options.master_port),
     }
     nproc = ["--nproc-per-node", options.nproc_per_node] if options.nproc_per_node else []
-    node = ["ssh-node", "--grace-period", f"{options.grace_period:g}", "--", "launch", *nproc, "--"]
+    # ssh-node waits a little longer than launch's own grace before it kills what is left.
+    node = ["ssh-node", "--grace-period", f"{options.grace_period + 10:g}", "--"]
+    node += ["launch", "--grace-period", f"{options.grace_period:g}", *nproc, "--"]
     words = ["exec", "env", *(f"{k}={v}" for k, v in sorted(env.items()))]
     line = f"{shlex.join(words)} {options.remote_command} {shlex.join([*node, *options.program])}"
     return f"cd {shlex.quote(options.chdir)} && {line}" if options.chdir else line
@@ -218,7 +220,7 @@ def run(options: SshOptions) -> int:
                 if received:
                     fleet.say(f"{signal.Signals(received[0]).name}: stopping every host")
                 fleet.close_sessions()
-                stop_deadline = time.monotonic() + options.grace_period + 30
+                stop_deadline = time.monotonic() + options.grace_period + 40
             if stop_deadline is not None and (time.monotonic() > stop_deadline or len(received) > 1):
                 fleet.say("hosts did not stop in time; closing their connections")
                 fleet.kill(signal.SIGTERM)
