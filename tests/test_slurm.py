@@ -253,13 +253,14 @@ def _job_state(env: dict, job: str) -> dict:
     return dict(re.findall(r"(\w+)=(\S+)", shown.stdout))
 
 
-def _submit(env: dict, tmp_path: Path, run_dir: Path, url: str, *extra: str) -> str:
+def _submit(env: dict, tmp_path: Path, run_dir: Path, url: str, *extra: str, slurm: tuple = ()) -> str:
     result = subprocess.run(
         [
             str(Path(sys.executable).with_name("imagenet-train")),
             "slurm",
             *("--nodes", "2", "--output", str(tmp_path / "job-%j.out"), "--script", str(tmp_path / "job.sbatch")),
             "--submit",
+            *slurm,
             *("--", "train", "--shards", url, "--run-dir", str(run_dir), *SMALL_TRAIN, *extra),
         ],
         capture_output=True,
@@ -307,3 +308,24 @@ def test_scancel_signal_usr1_stops_training_cleanly_with_a_checkpoint(slurm_clus
     assert list((run_dir / "checkpoints").glob("epoch-*-step-*.pt"))
     leftover = subprocess.run(["pgrep", "-f", "--", f"--run-dir {run_dir}"], capture_output=True, text=True).stdout
     assert leftover == ""
+
+
+@pytest.mark.launchers
+@pytest.mark.timeout(900)
+def test_requeue_after_a_clean_stop_resumes_and_finishes(slurm_cluster, shard_server, tmp_path):
+    run_dir = tmp_path / "run"
+    job = _submit(
+        slurm_cluster, tmp_path, run_dir, f"{shard_server.url}/shards.json", "--epochs", "1", slurm=["--requeue"]
+    )
+    _wait(lambda: (run_dir / "config.json").exists(), 300, "training did not start")
+    time.sleep(3)
+    subprocess.run(["scancel", "--signal=USR1", job], env=slurm_cluster, check=True)
+    _wait(lambda: list((run_dir / "checkpoints").glob("epoch-*-step-*.pt")), 300, "no pre-emption checkpoint")
+    _wait(lambda: _job_state(slurm_cluster, job).get("JobState") == "COMPLETED", 600, "requeued job did not finish")
+    state = _job_state(slurm_cluster, job)
+    log = (tmp_path / f"job-{job}.out").read_text()  # --open-mode=append: both runs
+    assert state["Restarts"] == "1" and state["ExitCode"] == "0:0", log[-4000:]
+    assert f"requeueing job {job}" in log
+    assert re.search(r"resumed from .*epoch-0000-step-\d{6}\.pt", log), log[-4000:]
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [0]
+    assert (run_dir / "checkpoints" / "epoch-0000.pt").is_file()
