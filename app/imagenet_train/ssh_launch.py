@@ -192,10 +192,10 @@ class _Fleet:
 
 def run(options: SshOptions) -> int:
     """Start every host, relay their output, stop them all on the first failure or a signal; the worst exit code."""
-    fleet = _Fleet(options)
     names = ", ".join(host.label for host in options.hosts)
     rendezvous = f"{options.master_addr or options.hosts[0].name}:{options.master_port}"
-    fleet.say(f"started {len(options.hosts)} hosts ({names}); rendezvous at {rendezvous}")
+    print(f"imagenet-train ssh: starting {len(options.hosts)} hosts ({names}); rendezvous at {rendezvous}", flush=True)
+    fleet = _Fleet(options)
     received: list[int] = []
 
     def on_signal(signum: int, _frame) -> None:
