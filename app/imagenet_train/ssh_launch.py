@@ -194,7 +194,11 @@ def run(options: SshOptions) -> int:
     """Start every host, relay their output, stop them all on the first failure or a signal; the worst exit code."""
     names = ", ".join(host.label for host in options.hosts)
     rendezvous = f"{options.master_addr or options.hosts[0].name}:{options.master_port}"
-    print(f"imagenet-train ssh: starting {len(options.hosts)} hosts ({names}); rendezvous at {rendezvous}", file=sys.stderr, flush=True)
+    print(
+        f"imagenet-train ssh: starting {len(options.hosts)} hosts ({names}); rendezvous at {rendezvous}",
+        file=sys.stderr,
+        flush=True,
+    )
     fleet = _Fleet(options)
     received: list[int] = []
 
