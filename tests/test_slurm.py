@@ -248,6 +248,11 @@ PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
         os.kill(pid, 15)
 
 
+def _steps_done(log: Path) -> bool:
+    """Whether rank 0's progress bar shows a few steps of the first epoch (a stop then has a position to save)."""
+    return log.exists() and re.search(r"epoch 0: .*\| *[2-9]/\d+ \[", log.read_text()) is not None
+
+
 def _job_state(env: dict, job: str) -> dict:
     shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env)
     return dict(re.findall(r"(\w+)=(\S+)", shown.stdout))
@@ -297,8 +302,7 @@ def test_a_two_node_slurm_job_trains_the_digits_from_nginx(slurm_cluster, shard_
 def test_scancel_signal_usr1_stops_training_cleanly_with_a_checkpoint(slurm_cluster, shard_server, tmp_path):
     run_dir = tmp_path / "run"
     job = _submit(slurm_cluster, tmp_path, run_dir, f"{shard_server.url}/shards.json", "--epochs", "50")
-    _wait(lambda: (run_dir / "config.json").exists(), 300, "training did not start")
-    time.sleep(3)  # a few steps in
+    _wait(lambda: _steps_done(tmp_path / f"job-{job}.out"), 300, "training did not start")
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm_cluster, check=True)  # as --signal USR1@T does
     _wait(lambda: _job_state(slurm_cluster, job).get("JobState") not in ("PENDING", "RUNNING"), 300, "job ended")
     state = _job_state(slurm_cluster, job)
@@ -317,8 +321,7 @@ def test_requeue_after_a_clean_stop_resumes_and_finishes(slurm_cluster, shard_se
     job = _submit(
         slurm_cluster, tmp_path, run_dir, f"{shard_server.url}/shards.json", "--epochs", "1", slurm=["--requeue"]
     )
-    _wait(lambda: (run_dir / "config.json").exists(), 300, "training did not start")
-    time.sleep(3)
+    _wait(lambda: _steps_done(tmp_path / f"job-{job}.out"), 300, "training did not start")
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm_cluster, check=True)
     _wait(lambda: list((run_dir / "checkpoints").glob("epoch-*-step-*.pt")), 300, "no pre-emption checkpoint")
     _wait(lambda: _job_state(slurm_cluster, job).get("JobState") == "COMPLETED", 600, "requeued job did not finish")
