@@ -167,9 +167,20 @@ class _Fleet:
             self.ended.append(rank)
 
     def _relay(self, stream, target, prefix: bytes) -> None:
-        for line in iter(stream.readline, b""):
+        # Pieces end at '\n' or '\r', so a host's progress bar updates in place, live, under its prefix.
+        pending = b""
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            pieces = re.split(rb"(?<=\n)|(?<=\r)(?!\n)", pending + chunk)
+            pending = pieces.pop()
+            if pieces and pieces[-1].endswith(b"\r"):  # '\r\n' may be split across chunks
+                pending = pieces.pop() + pending
+            if pieces:
+                with self.lock:
+                    target.buffer.write(b"".join(prefix + piece for piece in pieces))
+                    target.buffer.flush()
+        if pending:
             with self.lock:
-                target.buffer.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+                target.buffer.write(prefix + pending + b"\n")
                 target.buffer.flush()
 
     def say(self, message: str) -> None:
