@@ -20,12 +20,13 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps k8s-tools manifests demo test faults image-test lint bench clean build push shell docker-run
+.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers image-test lint bench clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
-	@echo "make test   - set up and run the test suite (without the slow fault tests)"
+	@echo "make test   - set up and run the test suite (without the slow fault tests and the launcher runs)"
 	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into RELIABILITY.md"
+	@echo "make launchers - the SSH and Slurm launchers training for real (local sshd x2, local 2-node Slurm)"
 	@echo "make lint   - ruff"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into BENCHMARKS.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
@@ -49,6 +50,13 @@ image-deps:
 	    || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah podman runc mmdebstrap >/dev/null) \
 	    || echo "image-deps: buildah/podman could not be installed; the image tests will skip" >&2; \
 	  else echo "image-deps: not root; install buildah podman runc mmdebstrap to run the image tests" >&2; fi; }
+
+# The launchers' tests start real OpenSSH servers and a real Slurm (munged, slurmctld, two slurmd) on 127.0.0.1.
+launcher-deps:
+	@{ [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1 && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ]; } || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    openssh-server openssh-client slurm-wlm munge >/dev/null; \
+	  else echo "missing: sudo apt-get install -y openssh-server openssh-client slurm-wlm munge" >&2; exit 1; fi; }
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -76,7 +84,7 @@ demo: venv system-deps
 
 # The slow fault tests (minutes each) run in `make faults`; the fast ones, regressions included, run here.
 test: venv system-deps image-deps k8s-tools
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not launchers"
 
 # The whole fault suite (tests/faults, slow ones included), then RELIABILITY.md from its report.
 # Needs root for the tmpfs and network-namespace faults (they skip, saying so, otherwise).
@@ -86,6 +94,10 @@ faults: venv system-deps
 	start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
 	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --findings tests/faults/findings.md --out RELIABILITY.md; \
 	  exit $$status
+
+# Training for real over two local sshd and on a local two-node Slurm (see README: Over SSH, On Slurm).
+launchers: venv system-deps launcher-deps
+	$(BIN)/python -m pytest -q -m launchers tests/test_ssh_launch.py tests/test_slurm.py
 
 image-test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q tests/test_image.py

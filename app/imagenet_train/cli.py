@@ -463,6 +463,10 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")
     launch.set_defaults(func=cmd_launch)
 
+    from .launcher_commands import add_commands as add_launcher_commands  # ssh, ssh-node, slurm
+
+    add_launcher_commands(commands, formatter)
+
     demo = commands.add_parser(
         "demo-data", formatter_class=formatter, help="write scikit-learn's digits as an ImageNet-layout JPEG dataset"
     )

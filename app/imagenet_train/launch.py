@@ -1,8 +1,9 @@
 """`imagenet-train launch`: turn whichever launcher's environment this pod/job has into torchrun arguments.
 
-Recognised, first match wins: NGC batch (NGC_ARRAY_*), Kubeflow PyTorchJob and Trainer v2 TrainJob
-(PET_*, set by the operators), JobSet and Indexed Job (JOB_COMPLETION_INDEX), an operator that only
-sets MASTER_ADDR/WORLD_SIZE/RANK per node, and plain single-node torchrun.
+Recognised, first match wins: `imagenet-train ssh` (IMAGENET_TRAIN_NODE_RANK, ...), NGC batch (NGC_ARRAY_*),
+Kubeflow PyTorchJob and Trainer v2 TrainJob (PET_*, set by the operators), JobSet and Indexed Job
+(JOB_COMPLETION_INDEX), a Slurm task (SLURM_*, see slurm.py), an operator that only sets
+MASTER_ADDR/WORLD_SIZE/RANK per node, and plain single-node torchrun.
 """
 
 from __future__ import annotations
@@ -49,7 +50,18 @@ def _static(nnodes: str, node_rank: str, nproc: str, addr: str, port: str) -> li
 
 
 def resolve(env: Mapping[str, str], nproc: str | None = None) -> Launch:
-    """Choose torchrun arguments from a launcher's environment variables (pure: no I/O)."""
+    """Choose torchrun arguments from a launcher's environment variables (no I/O but Slurm's node lookup)."""
+    if "IMAGENET_TRAIN_NODE_RANK" in env:  # set per host by `imagenet-train ssh`
+        return Launch(
+            "ssh",
+            _static(
+                _int(env, "IMAGENET_TRAIN_NNODES", "ssh"),
+                _int(env, "IMAGENET_TRAIN_NODE_RANK", "ssh"),
+                nproc or _local_devices(),
+                _need(env, "IMAGENET_TRAIN_MASTER_ADDR", "ssh"),
+                env.get("IMAGENET_TRAIN_MASTER_PORT", DEFAULT_PORT),
+            ),
+        )
     if "NGC_ARRAY_SIZE" in env:
         per_node = nproc or _int(env, "NGC_GPUS_PER_NODE", "NGC")
         index = env.get("NGC_ARRAY_INDEX") or env.get("NGC_REPLICA_ID") or "0"
@@ -97,6 +109,10 @@ def resolve(env: Mapping[str, str], nproc: str | None = None) -> Launch:
             launcher,
             _static(_int(env, "NNODES", launcher), index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT)),
         )
+    if "SLURM_JOB_ID" in env and ("SLURM_NODEID" in env or "SLURM_PROCID" in env):  # sbatch/srun task
+        from .slurm import torchrun_args
+
+        return Launch("slurm", torchrun_args(env, nproc, _local_devices))
     if "MASTER_ADDR" in env and "WORLD_SIZE" in env and "LOCAL_RANK" not in env:
         per_node = nproc or env.get("NPROC_PER_NODE") or "1"
         return Launch(
