@@ -296,6 +296,17 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return run(program, nproc=args.nproc_per_node, dry_run=args.dry_run, grace_period=args.grace_period)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .report import report
+
+    table, written = report(Path(args.run_dir))
+    print(table)
+    print(f"plots: {', '.join(str(path) for path in written)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .config import DataConfig, OptimConfig, RunConfig
 
@@ -470,6 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--size", type=number(int, 8, 4096), default=64, help="image side in pixels")
     demo.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seed of the train/val split")
     demo.set_defaults(func=cmd_demo_data)
+
+    report = commands.add_parser(
+        "report", formatter_class=formatter, help="PNG plots and a summary table of a run (needs matplotlib)"
+    )
+    report.add_argument("run_dir", help="run directory (holds metrics.jsonl); plots go to RUN_DIR/report")
+    report.set_defaults(func=cmd_report)
     return parser
 
 

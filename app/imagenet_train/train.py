@@ -21,6 +21,7 @@ from . import checkpoint, plan
 from .compat import ensure_torchvision
 from .config import Config
 from .data import DataSource, EpochLoader, ShardReading, ShardStream, resolve_source, worker_context
+from .data_wait import DataWait
 from .dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
 from .errors import ImagenetTrainError, Preempted
 from .position import KeyLog, Position, consumed_keys
@@ -29,6 +30,7 @@ from .presets import TrainPreset, ValPreset, normalize
 from .queue import job_queue
 from .results import ResultsUploader, fetch_for_resume
 from .schedule import Schedule
+from .tensorboard_events import EpochEvents
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ class Trainer:
             if run.results and info.local_rank == 0
             else None
         )
+        self.events = EpochEvents(self.run_dir) if run.tensorboard and info.is_main else None
 
     def preflight(self) -> None:
         """The planner's check of this launch; every rank reaches the same verdict from the same inputs."""
@@ -302,8 +305,9 @@ class Trainer:
             total=steps, initial=start, desc=f"epoch {epoch}", unit="batch", disable=not info.is_main, mininterval=2
         )
         join = Join([self.ddp, self.vote]) if self.exact and info.enabled else contextlib.nullcontext()
+        wait = DataWait()
         with bar, join:
-            for images, labels, batch_keys in loader:
+            for images, labels, batch_keys in wait.timed(loader):
                 if key_log:
                     self._guard(key_log.fetched, batches, batch_keys)  # before the step: a kill loses nothing
                 lr = self.set_lr(epoch, batches, steps)
@@ -338,6 +342,7 @@ class Trainer:
             [loss_sum.item(), samples, corrupt, broken, lost], info
         )
         per_rank = [int(b[0]) - start for b in all_gather_numbers([batches], info)]
+        waits = [round(w[0], 4) for w in all_gather_numbers([wait.fraction], info)]
         resumed = {"resumed_from_step": start} if start else {}
         return {
             **resumed,
@@ -345,6 +350,8 @@ class Trainer:
             "train_loss": total_loss / max(total_samples, 1),
             "train_samples": int(total_samples),
             "batches_per_rank": per_rank,
+            "data_wait_fraction": round(sum(waits) / len(waits), 4),
+            "data_wait_per_rank": waits,
             "corrupt_samples": int(corrupt),
             "broken_shards": int(broken),
             "lost_samples": int(lost),
@@ -488,6 +495,8 @@ class Trainer:
                 with open(self.run_dir / "metrics.jsonl", "a") as stream:
                     stream.write(json.dumps(record) + "\n")
                 print(_summary(record), flush=True)
+                if self.events:
+                    self.events.write(record, sum(self.schedule.epoch_batches(e) for e in range(epoch + 1)))
                 if not record["replicas_in_sync"]:
                     log.error("replicas diverged at epoch %d: weights differ across ranks", epoch)
             self.mirror()
@@ -495,6 +504,8 @@ class Trainer:
             verdict, _ = self.vote.settle()  # a signal during evaluation or the checkpoint stops here
             if verdict.signum or self.stop_signal:
                 self.stop(path, Position(epoch + 1), verdict.signum or self.stop_signal)
+        if self.events:
+            self.events.close()
         self.finish_uploads(self.cfg.data.io_timeout)
         return last
 
