@@ -512,19 +512,25 @@ def build_parser() -> argparse.ArgumentParser:
         "`imagenet-train ray --workers 2 -- train --shards URL --checkpoint-every 500`.",
     )
     ray.add_argument("--address", default="", help="Ray cluster address (default: RAY_ADDRESS, else a local one)")
-    ray.add_argument("--workers", type=int, default=0, help="workers, one rank each (0: one per GPU of the cluster)")
+    ray.add_argument(
+        "--workers", type=number(int, 0, 100_000), default=0, help="workers, one rank each (0: one per GPU Ray sees)"
+    )
     ray.add_argument(
         "--gpus", action=argparse.BooleanOptionalAction, default=None, help="GPU workers (default: if Ray sees GPUs)"
     )
-    ray.add_argument("--max-failures", type=int, default=3, help="restarts after a worker dies before giving up")
-    ray.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs Ray reserves for each worker")
+    ray.add_argument(
+        "--max-failures", type=number(int, 0, 1000), default=3, help="restarts after a worker dies before giving up"
+    )
+    ray.add_argument(
+        "--cpus-per-worker", type=number(float, 0, 4096), default=1.0, help="CPUs Ray reserves for each worker"
+    )
     ray.add_argument("program", nargs=argparse.REMAINDER, help="`train` and its options")
     ray.set_defaults(func=cmd_ray)
 
     report = commands.add_parser(
         "report", formatter_class=formatter, help="PNG plots and a summary table of a run (needs matplotlib)"
     )
-    report.add_argument("run_dir", help="run directory (holds metrics.jsonl); plots go to RUN_DIR/report")
+    report.add_argument("run_dir", type=text, help="run directory (holds metrics.jsonl); plots go to RUN_DIR/report")
     report.set_defaults(func=cmd_report)
     return parser
 

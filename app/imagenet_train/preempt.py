@@ -33,7 +33,7 @@ class StopRequest:
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
-            return  # run in a launcher's thread (Ray Train): signals reach the main thread, and the launcher
+            return  # running in a launcher's thread (Ray Train): signals are the launcher's to handle
         for number in STOP_SIGNALS:
             signal.signal(number, self._note)
 
