@@ -20,11 +20,12 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps k8s-tools manifests demo test image-test lint bench clean build push shell docker-run
+.PHONY: launchers help venv system-deps image-deps k8s-tools manifests demo test image-test lint bench clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite"
+	@echo "make launchers - Ray (a real local cluster, a worker killed mid-run) and Lightning DDP end to end (~15 min on 2 cores)"
 	@echo "make lint   - ruff"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into BENCHMARKS.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
@@ -53,7 +54,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q --no-deps torchvision==0.28.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs,deploy,s3]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs,deploy,s3,ray,lightning,report]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -75,6 +76,11 @@ demo: venv system-deps
 
 test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q
+
+# The slow end-to-end launcher tests (marked `launchers`, left out of `make test`): a local Ray cluster
+# training 2 workers with one killed mid-run, and Lightning DDP training the digits to the demo's accuracy.
+launchers: venv system-deps
+	$(BIN)/python -m pytest -q -m launchers tests/test_ray.py tests/test_lightning.py
 
 image-test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q tests/test_image.py
@@ -100,8 +106,8 @@ bench: venv system-deps
 	$(BIN)/python bench/report.py --workdir bench/.work --out BENCHMARKS.md
 
 lint: venv
-	$(BIN)/ruff check app tests tools bench
-	$(BIN)/ruff format --check app tests tools bench
+	$(BIN)/ruff check app tests tools bench examples
+	$(BIN)/ruff format --check app tests tools bench examples
 
 clean:
 	rm -rf demo runs .pytest_cache

@@ -151,3 +151,21 @@ def test_ray_world_size_is_one_worker_per_gpu_unless_told():
         world_size(RayOptions(), cluster_gpus=0)
     with pytest.raises(ImagenetTrainError, match="reports no GPUs"):
         world_size(RayOptions(workers=2, gpus=True), cluster_gpus=0)
+
+
+def test_a_process_group_set_up_by_the_launcher_is_used_and_left_open(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from imagenet_train.dist import cleanup, init_distributed
+
+    for name in ("RANK", "WORLD_SIZE"):  # Ray Train describes the group by the group itself
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        info = init_distributed()
+        assert (info.rank, info.world, info.local_rank) == (0, 1, 0)
+        cleanup()
+        assert dist.is_initialized()  # the launcher's group is the launcher's to close
+    finally:
+        dist.destroy_process_group()
