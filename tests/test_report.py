@@ -70,3 +70,13 @@ def test_data_wait_is_the_share_of_loop_time_spent_in_next():
         time.sleep(0.04)
     assert starved.fraction > 0.9 and busy.fraction < 0.1
     assert DataWait().fraction == 0.0
+
+
+def test_samples_seen_counts_the_steps_a_resumed_epoch_took_before_its_checkpoint():
+    from imagenet_train.report import samples_seen
+
+    records = [
+        {"epoch": 0, "train_samples": 768, "batches_per_rank": [12, 12]},
+        {"epoch": 1, "train_samples": 512, "batches_per_rank": [8, 8], "resumed_from_step": 4},
+    ]
+    assert samples_seen(records) == [768, 1536]

@@ -33,7 +33,16 @@ def samples_seen(records: list[dict]) -> list[int]:
     """Training samples seen by the end of each epoch, over all ranks."""
     if all("samples_seen" in r for r in records):
         return [int(r["samples_seen"]) for r in records]
-    return list(accumulate(int(r["train_samples"]) for r in records))
+    return list(accumulate(_epoch_samples(r) for r in records))
+
+
+def _epoch_samples(record: dict) -> int:
+    """Samples an epoch trained on, with the steps a resumed epoch took before its checkpoint."""
+    samples, batches = int(record["train_samples"]), record["batches_per_rank"]
+    before = record.get("resumed_from_step", 0)
+    if before and sum(batches):
+        samples += round(before * len(batches) * samples / sum(batches))
+    return samples
 
 
 # -- one function per plot: each draws on the axes it is given --------------------------------
