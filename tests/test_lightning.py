@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -27,20 +28,27 @@ DEMO_TRAIN = [
 
 
 @pytest.mark.launchers
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(2500)
 def test_lightning_ddp_trains_the_digits_into_the_demo_accuracy_band(shard_server, tmp_path):
     shards = f"{shard_server.url}/shards.json"
     script = str(REPO / "examples" / "lightning_digits.py")
-    command = [sys.executable, script, "--shards", shards, "--run-dir", str(tmp_path / "run"), "--epochs", "12"]
-    command += DEMO_TRAIN
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=1100, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    final = json.loads(result.stdout.strip().splitlines()[-1])
-    print(f"lightning: top-1 {final['top1']:.4f} after 12 epochs")
-    assert final["epoch"] == 11 and final["val_samples"] == 359  # every val sample once over both ranks
-    assert final["top1"] >= 0.95  # make demo: 98.3% after 12 epochs
+    command = [sys.executable, script, "--shards", shards, "--run-dir", str(tmp_path / "run"), "--epochs", "8"]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # A session of its own: on a timeout the rank Lightning started is ended too, not just this one.
+    process = subprocess.Popen(
+        command + DEMO_TRAIN, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=2400)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"Lightning did not finish within 2400s:\n{process.communicate()[1][-5000:]}")
+    assert process.returncode == 0, stderr[-5000:]
+    final = json.loads(stdout.strip().splitlines()[-1])
+    print(f"lightning: top-1 {final['top1']:.4f} after 8 epochs")
+    assert final["epoch"] == 7 and final["val_samples"] == 359  # every val sample once over both ranks
+    assert final["top1"] >= 0.95  # make demo: 98.3% after 12 epochs of the same recipe
 
 
 @pytest.mark.parametrize("mode", ["split", "queue"])
