@@ -25,7 +25,7 @@ GPUS ?= 2
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite"
-	@echo "make launchers - Ray (a real local cluster, a worker killed mid-run) and Lightning DDP end to end (~35 min on 2 busy cores)"
+	@echo "make launchers - Ray (a real local cluster, a worker killed mid-run) and Lightning DDP end to end (~30 min on 2 busy cores)"
 	@echo "make lint   - ruff"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into BENCHMARKS.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
