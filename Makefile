@@ -26,7 +26,7 @@ help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite (without the slow fault tests and the launcher runs)"
 	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into RELIABILITY.md"
-	@echo "make launchers - the SSH and Slurm launchers training for real (local sshd x2, local 2-node Slurm)"
+	@echo "make launchers - SSH, Slurm (local sshd x2, local 2-node Slurm), Ray (a worker killed mid-run) and Lightning end to end"
 	@echo "make lint   - ruff"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into BENCHMARKS.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
@@ -62,7 +62,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q --no-deps torchvision==0.28.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs,deploy,s3]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs,deploy,s3,ray,lightning,report]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -96,8 +96,11 @@ faults: venv system-deps
 	  exit $$status
 
 # Training for real over two local sshd and on a local two-node Slurm (see README: Over SSH, On Slurm).
+# The slow end-to-end launcher tests (marked `launchers`, left out of `make test`): two local sshd, a local
+# two-node Slurm, a local Ray cluster training 2 workers with one killed mid-run, and Lightning DDP
+# training the digits to the demo's accuracy.
 launchers: venv system-deps launcher-deps
-	$(BIN)/python -m pytest -q -m launchers tests/test_ssh_launch.py tests/test_slurm.py
+	$(BIN)/python -m pytest -q -m launchers tests/test_ssh_launch.py tests/test_slurm.py tests/test_ray.py tests/test_lightning.py
 
 image-test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q tests/test_image.py
@@ -123,8 +126,8 @@ bench: venv system-deps
 	$(BIN)/python bench/report.py --workdir bench/.work --out BENCHMARKS.md
 
 lint: venv
-	$(BIN)/ruff check app tests tools bench
-	$(BIN)/ruff format --check app tests tools bench
+	$(BIN)/ruff check app tests tools bench examples
+	$(BIN)/ruff format --check app tests tools bench examples
 
 clean:
 	rm -rf demo runs .pytest_cache .faults

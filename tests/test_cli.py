@@ -9,12 +9,12 @@ from imagenet_train.serve import free_port
 from conftest import cli, write_image_folder
 
 
-@pytest.mark.parametrize("command", ["shards", "summarize", "train", "serve", "demo-data"])
+@pytest.mark.parametrize("command", ["shards", "summarize", "train", "serve", "demo-data", "ray", "report"])
 def test_every_command_has_help_with_defaults(command):
     result = cli(command, "--help")
     assert result.returncode == 0
     assert "usage: imagenet-train " + command in result.stdout
-    if command != "summarize":
+    if command not in ("summarize", "report"):
         assert "(default:" in result.stdout
 
 

@@ -59,6 +59,11 @@ def _config_from(args: argparse.Namespace):
     return cfg
 
 
+def train_config(options: list[str]):
+    """The Config that `imagenet-train train OPTIONS...` would run, for other launchers and notebooks."""
+    return _config_from(build_parser().parse_args(["train", *options]))
+
+
 def cmd_shards(args: argparse.Namespace) -> int:
     from .shards import ShardOptions, convert
 
@@ -296,6 +301,33 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return run(program, nproc=args.nproc_per_node, dry_run=args.dry_run, grace_period=args.grace_period)
 
 
+def cmd_ray(args: argparse.Namespace) -> int:
+    from .ray_launch import RayOptions, run
+
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if program[:1] != ["train"]:
+        raise ImagenetTrainError(
+            "ray: expected the training command after the options, e.g. "
+            "`imagenet-train ray --workers 2 -- train --shards URL`"
+        )
+    options = RayOptions(args.address, args.workers, args.gpus, args.max_failures, args.cpus_per_worker)
+    last = run(train_config(program[1:]), options)
+    top1 = f", top-1 {last['top1']:.4f}" if "top1" in last else ""
+    print(f"ray: finished epoch {last['epoch']}{top1}", flush=True)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .report import report
+
+    table, written = report(Path(args.run_dir))
+    print(table)
+    print(f"plots: {', '.join(str(path) for path in written)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .config import DataConfig, OptimConfig, RunConfig
 
@@ -474,6 +506,36 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--size", type=number(int, 8, 4096), default=64, help="image side in pixels")
     demo.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seed of the train/val split")
     demo.set_defaults(func=cmd_demo_data)
+
+    ray = commands.add_parser(
+        "ray",
+        formatter_class=formatter,
+        help="train on a Ray cluster with Ray Train (needs imagenet-train[ray])",
+        description="Runs `train` in N Ray Train workers, one rank each, in the process group Ray sets up; a "
+        "worker that dies restarts the group from the newest checkpoint (as --resume latest), e.g. "
+        "`imagenet-train ray --workers 2 -- train --shards URL --checkpoint-every 500`.",
+    )
+    ray.add_argument("--address", default="", help="Ray cluster address (default: RAY_ADDRESS, else a local one)")
+    ray.add_argument(
+        "--workers", type=number(int, 0, 100_000), default=0, help="workers, one rank each (0: one per GPU Ray sees)"
+    )
+    ray.add_argument(
+        "--gpus", action=argparse.BooleanOptionalAction, default=None, help="GPU workers (default: if Ray sees GPUs)"
+    )
+    ray.add_argument(
+        "--max-failures", type=number(int, 0, 1000), default=3, help="restarts after a worker dies before giving up"
+    )
+    ray.add_argument(
+        "--cpus-per-worker", type=number(float, 0, 4096), default=1.0, help="CPUs Ray reserves for each worker"
+    )
+    ray.add_argument("program", nargs=argparse.REMAINDER, help="`train` and its options")
+    ray.set_defaults(func=cmd_ray)
+
+    report = commands.add_parser(
+        "report", formatter_class=formatter, help="PNG plots and a summary table of a run (needs matplotlib)"
+    )
+    report.add_argument("run_dir", type=text, help="run directory (holds metrics.jsonl); plots go to RUN_DIR/report")
+    report.set_defaults(func=cmd_report)
     return parser
 
 

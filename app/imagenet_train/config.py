@@ -108,6 +108,11 @@ class RunConfig:
         minimum=0,
     )
     force: bool = setting(False, "run even when the pre-flight check says the configuration will hang")
+    tensorboard: bool = setting(
+        True,
+        "write TensorBoard events (loss, LR, top-1/top-5, img/s, data wait, per-rank batches) under "
+        "RUN_DIR/tensorboard",
+    )
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -232,6 +233,23 @@ def worker_context() -> multiprocessing.context.BaseContext:
 _preloaded: list = []
 
 
+@contextlib.contextmanager
+def main_script_hidden() -> Iterator[None]:
+    """Start worker processes without the `__main__` script, so loaders work from any script or notebook.
+
+    multiprocessing has each forkserver child run the main script again (as `__mp_main__`): a script that
+    builds a loader at top level, without an `if __name__ == "__main__":` guard, would start over in every
+    worker and the workers would die. Worker code lives in this package and never needs `__main__`.
+    """
+    main = sys.modules["__main__"]
+    script = main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        if script is not None:
+            main.__file__ = script
+
+
 def die_with_parent() -> None:
     """Linux: have the kernel SIGKILL this process when its parent dies.
 
@@ -367,7 +385,8 @@ class EpochLoader:
             timeout=self.timeout if self.workers else 0,
             worker_init_fn=_worker_init if self.workers else None,
         )
-        batches = iter(loader)
+        with main_script_hidden():
+            batches = iter(loader)  # starts the workers
         try:
             if not self.stream.resampled:
                 yield from itertools.islice(batches, self.batches) if self.batches else batches

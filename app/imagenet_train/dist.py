@@ -27,16 +27,22 @@ class DistInfo:
 
 
 def init_distributed(timeout_minutes: float = 30.0) -> DistInfo:
-    """Join the process group torchrun described (nccl on GPU, gloo on CPU); a lone process needs none."""
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    """Join the process group torchrun described (nccl on GPU, gloo on CPU), or use one that exists already.
+
+    A launcher that sets up the group itself (Ray Train) leaves RANK/WORLD_SIZE unset: rank and world
+    then come from the group, LOCAL_RANK from the environment.
+    """
+    existing = dist.is_initialized()
+    rank = dist.get_rank() if existing else int(os.environ.get("RANK", 0))
+    world = dist.get_world_size() if existing else int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    if world > 1 and not dist.is_initialized():
+    if world > 1 and not existing:
+        _created.append(True)
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
             timeout=datetime.timedelta(minutes=timeout_minutes),
@@ -63,5 +69,10 @@ def all_gather_numbers(values: list[float], info: DistInfo) -> list[list[float]]
 
 
 def cleanup() -> None:
-    if dist.is_initialized():
+    """Leave the process group, if this module created it (a launcher's own group is the launcher's)."""
+    if _created and dist.is_initialized():
         dist.destroy_process_group()
+        _created.clear()
+
+
+_created: list = []  # [True] while a group init_distributed created is open

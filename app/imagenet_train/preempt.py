@@ -12,6 +12,7 @@ pinned memory, so the vote never makes the host wait for the device.
 from __future__ import annotations
 
 import signal
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,8 @@ class StopRequest:
         self.signum = 0
 
     def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # running in a launcher's thread (Ray Train): signals are the launcher's to handle
         for number in STOP_SIGNALS:
             signal.signal(number, self._note)
 

@@ -21,6 +21,7 @@ from . import checkpoint, plan
 from .compat import ensure_torchvision
 from .config import Config
 from .data import DataSource, EpochLoader, ShardReading, ShardStream, resolve_source, worker_context
+from .data_wait import DataWait
 from .dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
 from .errors import ImagenetTrainError, Preempted
 from .position import KeyLog, Position, consumed_keys
@@ -29,6 +30,7 @@ from .presets import TrainPreset, ValPreset, normalize
 from .queue import job_queue
 from .results import ResultsUploader, fetch_for_resume
 from .schedule import Schedule
+from .tensorboard_events import EpochEvents
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,80 @@ def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16
 
 
+def preflight_check(cfg: Config, train_sizes: list[int] | None, world: int) -> plan.Assessment | None:
+    """The planner's verdict on `world` ranks training `cfg`; raises if they would hang (unless --force)."""
+    if train_sizes is None:
+        return None
+    data = cfg.data
+    setup = plan.Setup(
+        tuple(train_sizes),
+        nodes=1,
+        gpus_per_node=world,
+        workers=data.workers,
+        batch_size=data.batch_size,
+        mode=data.mode,
+        epoch_batches=data.epoch_batches,
+        repeat=data.repeat,
+        seed=cfg.run.seed,
+    )
+    assessment = plan.assess(setup)
+    if assessment.verdict.startswith("WILL HANG") and not cfg.run.force:
+        raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
+    return assessment
+
+
+def shard_reading(cfg: Config, source: DataSource) -> ShardReading:
+    """How the loaders read shards: the outage budget, broken-shard policy, expected sizes and cache."""
+    data = cfg.data
+    return ShardReading(data.io_timeout, data.on_broken_shard, source.expected, data.cache_dir)
+
+
+def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Schedule, queue=None) -> EpochLoader:
+    """This rank's training batches: equal counts per rank in resampled mode, every sample once otherwise."""
+    data = cfg.data
+    exact = data.mode in ("split", "queue")
+    stream = ShardStream(
+        urls=source.train_urls,
+        transform=TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder).build(),
+        batch_size=data.batch_size,
+        rank=info.rank,
+        world=info.world,
+        resampled=not exact,
+        queue=queue,
+        repeat=data.repeat,
+        shuffle_buffer=data.shuffle_buffer,
+        seed=cfg.run.seed,
+        reading=shard_reading(cfg, source),
+    )
+    return EpochLoader(
+        stream,
+        data.workers,
+        None if exact else schedule.epoch_batches(0),
+        pin_memory=info.device.type == "cuda",
+        mix_buffer=data.shuffle_buffer,
+        timeout=data.loader_timeout,
+    )
+
+
+def val_loader(cfg: Config, info: DistInfo, source: DataSource) -> EpochLoader | None:
+    """This rank's share of the validation shards, read once in order (None without val shards)."""
+    if not source.val_urls:
+        return None
+    data = cfg.data
+    stream = ShardStream(
+        urls=source.val_urls,
+        transform=ValPreset(data.image_size, data.val_resize or None).build(),
+        batch_size=data.batch_size,
+        rank=info.rank,
+        world=info.world,
+        resampled=False,
+        shuffle_shards=False,
+        shuffle_buffer=0,
+        reading=shard_reading(cfg, source),
+    )
+    return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda", timeout=data.loader_timeout)
+
+
 class Trainer:
     """One training run on one rank."""
 
@@ -98,8 +174,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(info.device.type, enabled=self.amp == torch.float16)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
         self.preflight()
-        self.train_loader = self._train_loader()
-        self.val_loader = self._val_loader()
+        self.train_loader = train_loader(cfg, info, source, self.schedule, self._queue())
+        self.val_loader = val_loader(cfg, info, source)
         self.start_epoch = 0
         self.position: Position | None = None  # set when resuming inside an epoch
         # One uploader per node mirrors its run directory (rank 0's checkpoints, every rank's key logs).
@@ -108,56 +184,13 @@ class Trainer:
             if run.results and info.local_rank == 0
             else None
         )
+        self.events = EpochEvents(self.run_dir) if run.tensorboard and info.is_main else None
 
     def preflight(self) -> None:
         """The planner's check of this launch; every rank reaches the same verdict from the same inputs."""
-        if self.source.train_sizes is None:
-            return
-        data = self.cfg.data
-        setup = plan.Setup(
-            tuple(self.source.train_sizes),
-            nodes=1,
-            gpus_per_node=self.info.world,
-            workers=data.workers,
-            batch_size=data.batch_size,
-            mode=data.mode,
-            epoch_batches=data.epoch_batches,
-            repeat=data.repeat,
-            seed=self.cfg.run.seed,
-        )
-        assessment = plan.assess(setup)
-        if assessment.verdict.startswith("WILL HANG") and not self.cfg.run.force:
-            raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
-        if self.info.is_main and assessment.verdict != "OK":
+        assessment = preflight_check(self.cfg, self.source.train_sizes, self.info.world)
+        if assessment and self.info.is_main and assessment.verdict != "OK":
             log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
-
-    def _train_loader(self) -> EpochLoader:
-        data, info = self.cfg.data, self.info
-        stream = ShardStream(
-            urls=self.source.train_urls,
-            transform=TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder).build(),
-            batch_size=data.batch_size,
-            rank=info.rank,
-            world=info.world,
-            resampled=not self.exact,
-            queue=self._queue(),
-            repeat=data.repeat,
-            shuffle_buffer=data.shuffle_buffer,
-            seed=self.cfg.run.seed,
-            reading=self._reading(),
-        )
-        return EpochLoader(
-            stream,
-            data.workers,
-            None if self.exact else self.schedule.epoch_batches(0),
-            pin_memory=info.device.type == "cuda",
-            mix_buffer=data.shuffle_buffer,
-            timeout=data.loader_timeout,
-        )
-
-    def _reading(self) -> ShardReading:
-        data = self.cfg.data
-        return ShardReading(data.io_timeout, data.on_broken_shard, self.source.expected, data.cache_dir)
 
     def _queue(self):
         """The run's shard queue in queue mode, under a name no earlier attempt of this run used."""
@@ -167,23 +200,6 @@ class Trainer:
         if self.info.enabled:
             dist.broadcast(generation, src=0)
         return job_queue(f"imagenet-train/queue/{int(generation)}", self.info.world, worker_context())
-
-    def _val_loader(self) -> EpochLoader | None:
-        if not self.source.val_urls:
-            return None
-        data, info = self.cfg.data, self.info
-        stream = ShardStream(
-            urls=self.source.val_urls,
-            transform=ValPreset(data.image_size, data.val_resize or None).build(),
-            batch_size=data.batch_size,
-            rank=info.rank,
-            world=info.world,
-            resampled=False,
-            shuffle_shards=False,
-            shuffle_buffer=0,
-            reading=self._reading(),
-        )
-        return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda", timeout=data.loader_timeout)
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> None:
@@ -302,8 +318,9 @@ class Trainer:
             total=steps, initial=start, desc=f"epoch {epoch}", unit="batch", disable=not info.is_main, mininterval=2
         )
         join = Join([self.ddp, self.vote]) if self.exact and info.enabled else contextlib.nullcontext()
+        wait = DataWait()
         with bar, join:
-            for images, labels, batch_keys in loader:
+            for images, labels, batch_keys in wait.timed(loader):
                 if key_log:
                     self._guard(key_log.fetched, batches, batch_keys)  # before the step: a kill loses nothing
                 lr = self.set_lr(epoch, batches, steps)
@@ -338,6 +355,7 @@ class Trainer:
             [loss_sum.item(), samples, corrupt, broken, lost], info
         )
         per_rank = [int(b[0]) - start for b in all_gather_numbers([batches], info)]
+        waits = [round(w[0], 4) for w in all_gather_numbers([wait.fraction], info)]
         resumed = {"resumed_from_step": start} if start else {}
         return {
             **resumed,
@@ -345,6 +363,8 @@ class Trainer:
             "train_loss": total_loss / max(total_samples, 1),
             "train_samples": int(total_samples),
             "batches_per_rank": per_rank,
+            "data_wait_fraction": round(sum(waits) / len(waits), 4),
+            "data_wait_per_rank": waits,
             "corrupt_samples": int(corrupt),
             "broken_shards": int(broken),
             "lost_samples": int(lost),
@@ -490,6 +510,8 @@ class Trainer:
                 with open(self.run_dir / "metrics.jsonl", "a") as stream:
                     stream.write(json.dumps(record) + "\n")
                 print(_summary(record), flush=True)
+                if self.events:
+                    self.events.write(record, sum(self.schedule.epoch_batches(e) for e in range(epoch + 1)))
                 if not record["replicas_in_sync"]:
                     log.error("replicas diverged at epoch %d: weights differ across ranks", epoch)
             self.mirror()
@@ -497,6 +519,8 @@ class Trainer:
             verdict, _ = self.vote.settle()  # a signal during evaluation or the checkpoint stops here
             if verdict.signum or self.stop_signal:
                 self.stop(path, Position(epoch + 1), verdict.signum or self.stop_signal)
+        if self.events:
+            self.events.close()
         self.finish_uploads(self.cfg.data.io_timeout)
         return last
 

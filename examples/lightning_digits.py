@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""Train with Lightning on shards: `python examples/lightning_digits.py --shards URL --epochs 12 [train options]`.
+
+Takes the options of `imagenet-train train`; Lightning's DDP starts the other ranks by running this
+script again. Rank 0 prints the final validation metrics as one JSON line.
+"""
+
+import json
+import sys
+
+from imagenet_train.cli import train_config
+
+# `lightning` comes through the adapter, which first makes torchvision importable next to a CPU-only torch.
+from imagenet_train.lightning_adapter import ImagenetModule, ShardDataModule, lightning
+
+cfg = train_config(sys.argv[1:])
+data = ShardDataModule(cfg)
+model = ImagenetModule(cfg, data.source.num_classes)
+trainer = lightning.Trainer(
+    strategy="ddp",
+    accelerator="cpu",
+    devices=2,
+    max_epochs=cfg.run.epochs,
+    default_root_dir=cfg.run.run_dir,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    num_sanity_val_steps=0,
+)
+trainer.fit(model, datamodule=data)
+if trainer.is_global_zero:
+    print(json.dumps(model.history[-1]), flush=True)

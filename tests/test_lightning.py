@@ -1,0 +1,76 @@
+"""Lightning: our data module and LightningModule under `lightning.Trainer(strategy="ddp", devices=2)` on CPU.
+
+The end-to-end run trains the digits like `make demo` (minutes on 2 cores: `make launchers`); `make test`
+runs the fast checks here."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from imagenet_train.cli import train_config
+from imagenet_train.errors import ImagenetTrainError
+
+from conftest import REPO
+
+# tools/demo.py's recipe.
+DEMO_TRAIN = [
+    *("--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--min-crop-scale", "0.5", "--no-hflip"),
+    *("--batch-size", "32", "--workers", "1", "--lr", "0.4", "--warmup-epochs", "1", "--label-smoothing", "0.0"),
+    *("--weight-decay", "5e-4", "--shuffle-buffer", "500"),
+]
+
+
+@pytest.mark.launchers
+@pytest.mark.timeout(2500)
+def test_lightning_ddp_trains_the_digits_into_the_demo_accuracy_band(shard_server, tmp_path):
+    shards = f"{shard_server.url}/shards.json"
+    script = str(REPO / "examples" / "lightning_digits.py")
+    command = [sys.executable, script, "--shards", shards, "--run-dir", str(tmp_path / "run"), "--epochs", "8"]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # A session of its own: on a timeout the rank Lightning started is ended too, not just this one.
+    process = subprocess.Popen(
+        command + DEMO_TRAIN, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=2400)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"Lightning did not finish within 2400s:\n{process.communicate()[1][-5000:]}")
+    assert process.returncode == 0, stderr[-5000:]
+    final = json.loads(stdout.strip().splitlines()[-1])
+    print(f"lightning: top-1 {final['top1']:.4f} after 8 epochs")
+    assert final["epoch"] == 7 and final["val_samples"] == 359  # every val sample once over both ranks
+    assert final["top1"] >= 0.95  # make demo: 98.3% after 12 epochs of the same recipe
+
+
+@pytest.mark.parametrize("mode", ["split", "queue"])
+def test_uneven_modes_are_refused_under_lightning_naming_what_works(digit_shards, mode):
+    from imagenet_train.lightning_adapter import ShardDataModule
+
+    with pytest.raises(ImagenetTrainError) as refused:
+        ShardDataModule(train_config(["--shards", str(digit_shards), "--mode", mode]))
+    assert str(refused.value) == (
+        f"--mode {mode}: cannot run under Lightning (its uneven batches per rank need Join, which Lightning's loop "
+        f"does not run); use --mode resampled with Lightning, or `imagenet-train train` for --mode {mode}"
+    )
+
+
+def test_the_data_module_gives_lightning_sized_epochs_without_a_sampler(digit_shards):
+    from imagenet_train.lightning_adapter import EpochBatches, ShardDataModule, lightning
+
+    cfg = train_config(["--shards", str(digit_shards), "--batch-size", "32", "--workers", "0", "--epoch-batches", "3"])
+    data = ShardDataModule(cfg)
+    trainer = lightning.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False)
+    data.trainer = trainer
+    data.setup("fit")
+    batches = data.train_dataloader()
+    assert isinstance(batches, EpochBatches) and not isinstance(batches, torch.utils.data.DataLoader)
+    assert len(batches) == 3 and [len(labels) for _, labels, _ in batches] == [32, 32, 32]
