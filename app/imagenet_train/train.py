@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NoReturn
 
@@ -20,11 +21,13 @@ from tqdm import tqdm
 from . import checkpoint, plan
 from .compat import ensure_torchvision
 from .config import Config
+from .dali import DaliAugment, DaliDecoder, jpeg_bytes, pack_jpegs
 from .data import DataSource, EpochLoader, ShardReading, ShardStream, resolve_source, worker_context
 from .dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
 from .errors import ImagenetTrainError, Preempted
 from .position import KeyLog, Position, consumed_keys
 from .preempt import StepVote, StopRequest
+from .prefetch import device_batches
 from .presets import TrainPreset, ValPreset, normalize
 from .queue import job_queue
 from .results import ResultsUploader, fetch_for_resume
@@ -85,6 +88,9 @@ class Trainer:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
         self.ddp = DistributedDataParallel(model) if info.enabled else model
+        if info.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed input shapes: pick the fastest kernels once
+        self.forward = self._compiled() if run.compile else self.ddp
         torch.manual_seed(run.seed + 1000 * info.rank)  # different augmentation per rank
         self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
         self.global_batch, self.base_lr = self.schedule.global_batch, self.schedule.base_lr
@@ -98,6 +104,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(info.device.type, enabled=self.amp == torch.float16)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
         self.preflight()
+        self.dali: dict = {}  # loader -> its DaliDecoder, made on first use
+        self.train_augment = DaliAugment(data.image_size, True, data.min_crop_scale, data.hflip)
+        self.val_augment = DaliAugment(data.image_size, False, resize=data.val_resize or None)
         self.train_loader = self._train_loader()
         self.val_loader = self._val_loader()
         self.start_epoch = 0
@@ -108,6 +117,13 @@ class Trainer:
             if run.results and info.local_rank == 0
             else None
         )
+
+    def _compiled(self) -> torch.nn.Module:
+        if self.exact and self.info.enabled:
+            if self.info.is_main:
+                log.warning("--compile: not applied in %s mode across ranks (Join's collectives)", self.cfg.data.mode)
+            return self.ddp
+        return torch.compile(self.ddp)
 
     def preflight(self) -> None:
         """The planner's check of this launch; every rank reaches the same verdict from the same inputs."""
@@ -133,9 +149,12 @@ class Trainer:
 
     def _train_loader(self) -> EpochLoader:
         data, info = self.cfg.data, self.info
+        dali = data.decoder == "dali"
+        preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder)
         stream = ShardStream(
             urls=self.source.train_urls,
-            transform=TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder).build(),
+            transform=jpeg_bytes if dali else preset.build(),
+            collate_fn=pack_jpegs if dali else None,
             batch_size=data.batch_size,
             rank=info.rank,
             world=info.world,
@@ -150,14 +169,29 @@ class Trainer:
             stream,
             data.workers,
             None if self.exact else self.schedule.epoch_batches(0),
-            pin_memory=info.device.type == "cuda",
-            mix_buffer=data.shuffle_buffer,
+            pin_memory=info.device.type == "cuda" and not dali,
             timeout=data.loader_timeout,
         )
 
     def _reading(self) -> ShardReading:
         data = self.cfg.data
         return ShardReading(data.io_timeout, data.on_broken_shard, self.source.expected, data.cache_dir)
+
+    def batches(self, loader: EpochLoader, augment: DaliAugment) -> Iterable:
+        """One epoch of `loader` as (images, labels, keys) on the device: decoded by DALI under --decoder dali,
+        else copied there one step ahead of the step that uses them."""
+        if self.cfg.data.decoder != "dali":
+            return device_batches(loader, self.info.device)
+        if loader not in self.dali:
+            self.dali[loader] = DaliDecoder(
+                loader,
+                augment,
+                self.cfg.data.batch_size,
+                self.info.device,
+                threads=max(self.cfg.data.workers, 1),
+                seed=self.cfg.run.seed + 1000 * self.info.rank,
+            )
+        return device_batches(self.dali[loader], self.info.device)
 
     def _queue(self):
         """The run's shard queue in queue mode, under a name no earlier attempt of this run used."""
@@ -172,9 +206,11 @@ class Trainer:
         if not self.source.val_urls:
             return None
         data, info = self.cfg.data, self.info
+        dali = data.decoder == "dali"
         stream = ShardStream(
             urls=self.source.val_urls,
-            transform=ValPreset(data.image_size, data.val_resize or None).build(),
+            transform=jpeg_bytes if dali else ValPreset(data.image_size, data.val_resize or None).build(),
+            collate_fn=pack_jpegs if dali else None,
             batch_size=data.batch_size,
             rank=info.rank,
             world=info.world,
@@ -183,7 +219,8 @@ class Trainer:
             shuffle_buffer=0,
             reading=self._reading(),
         )
-        return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda", timeout=data.loader_timeout)
+        pin = info.device.type == "cuda" and not dali
+        return EpochLoader(stream, data.workers, pin_memory=pin, timeout=data.loader_timeout)
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> None:
@@ -303,7 +340,7 @@ class Trainer:
         )
         join = Join([self.ddp, self.vote]) if self.exact and info.enabled else contextlib.nullcontext()
         with bar, join:
-            for images, labels, batch_keys in loader:
+            for images, labels, batch_keys in self.batches(loader, self.train_augment):
                 if key_log:
                     self._guard(key_log.fetched, batches, batch_keys)  # before the step: a kill loses nothing
                 lr = self.set_lr(epoch, batches, steps)
@@ -360,10 +397,10 @@ class Trainer:
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One optimisation step on a uint8 batch; returns the loss (on device, no sync)."""
         device = self.info.device
-        images = normalize(images.to(device, non_blocking=True), self.channels_last)
+        images = normalize(images.to(device, non_blocking=True), self.channels_last)  # on the device already
         labels = labels.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=self.amp, enabled=self.amp is not None):
-            loss = self.criterion(self.ddp(images), labels)
+            loss = self.criterion(self.forward(images), labels)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
@@ -404,23 +441,23 @@ class Trainer:
         info = self.info
         self.model.eval()
         topk = min(5, self.source.num_classes)
-        loss_sum, correct1, correctk, count, keys = 0.0, 0, 0, 0, []
+        # Sums stay on the device until the end: no host sync per batch.
+        totals = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss, top-1 hits, top-k hits
+        count, keys = 0, []
         damage_before = self.val_loader.damage()
-        for images, labels, batch_keys in self.val_loader:
-            images = normalize(images.to(info.device, non_blocking=True), self.channels_last)
-            labels = labels.to(info.device, non_blocking=True)
+        for images, labels, batch_keys in self.batches(self.val_loader, self.val_augment):
+            images = normalize(images, self.channels_last)
             with torch.autocast(info.device.type, dtype=self.amp, enabled=self.amp is not None):
                 logits = self.model(images)
-            loss_sum += torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").item()
-            top = logits.topk(topk, dim=1).indices
-            hits = top.eq(labels.view(-1, 1))
-            correct1 += int(hits[:, 0].sum())
-            correctk += int(hits.any(dim=1).sum())
+            hits = logits.topk(topk, dim=1).indices.eq(labels.view(-1, 1))
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+            totals += torch.stack([loss.double(), hits[:, 0].sum().double(), hits.any(dim=1).sum().double()])
             count += len(labels)
             if self.cfg.run.log_keys:
                 keys.extend(batch_keys)
         self._write_keys("val", epoch, keys)
         _, broken, lost = (now - before for now, before in zip(self.val_loader.damage(), damage_before, strict=True))
+        loss_sum, correct1, correctk = totals.tolist()
         loss_sum, correct1, correctk, count, broken, lost = all_sum(
             [loss_sum, correct1, correctk, count, broken, lost], info
         )
@@ -496,6 +533,9 @@ class Trainer:
             if verdict.signum or self.stop_signal:
                 self.stop(path, Position(epoch + 1), verdict.signum or self.stop_signal)
         self.finish_uploads(self.cfg.data.io_timeout)
+        for loader in (self.train_loader, self.val_loader):
+            if loader:
+                loader.close()
         return last
 
     def stop(self, path: Path | None, position: Position, signum: int = 0) -> NoReturn:
