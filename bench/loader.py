@@ -144,7 +144,8 @@ def run(images: Path, shards: Path, workers: int, repeats: int = 3) -> dict:
     for _ in range(repeats):
         for name, measure in measures.items():
             runs[name].append(measure())
-    return {"workers": workers, **{name: max(values) for name, values in runs.items()}, "runs": runs}
+    best = {name: max(values) for name, values in runs.items()}
+    return {"workers": workers, "repeats": repeats, **best, "runs": runs}
 
 
 def _bare_baseline(images: Path, limit: int = 300) -> float:

@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2600, help="ImageNet-like JPEGs to generate")
     parser.add_argument("--workdir", default="bench/.work")
     parser.add_argument("--out", default="BENCHMARKS.md")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved loader runs; the best counts")
     parser.add_argument("--before", default="", help="git ref of the 'before' code (default: merge-base with main)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="loader workers (default: cores)")
     args = parser.parse_args()
@@ -65,7 +66,7 @@ def main() -> None:
     before = subprocess.run(["git", "merge-base", "HEAD", "main"], capture_output=True, text=True).stdout.strip()
     results = {"machine": common.machine(), "images": args.images, "mean_jpeg_kb": common.mean_jpeg_bytes(images) / 1e3}
     for name, run in [
-        ("P1_P2", lambda: loader.run(images, shards, args.workers)),
+        ("P1_P2", lambda: loader.run(images, shards, args.workers, args.repeats)),
         ("P3", lambda: httpread.run(shards)),
         ("P4", lambda: convert.run(images, work, args.workers)),
         ("P5", lambda: startup.run(images, work, args.workers)),
@@ -184,7 +185,8 @@ def render(r: dict, args) -> str:
         f"Data: {r['images']} ImageNet-like JPEGs, 500x375 at quality 90, mean {r['mean_jpeg_kb']:.0f} KB "
         "(scikit-learn's two sample photos, randomly cropped, flipped, colour-shifted and grained to ImageNet's "
         "compressed size). Every ratio is of two figures measured one after the other in the same run; absolute "
-        "rates on this shared machine drift, ratios much less; loader figures are the best of 3 interleaved runs.",
+        "rates on this shared machine drift, ratios much less; loader figures are the best of "
+        f"{r['P1_P2']['repeats']} interleaved runs.",
         "",
         "| | measure | figure | goal | |",
         "|---|---|---|---|---|",
