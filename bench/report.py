@@ -30,9 +30,12 @@ from imagenet_train.shards import convert as make_shards  # noqa: E402
 P6_COMMAND = (
     "imagenet-train shards /data/imagenet /data/shards --workers 16\n"
     "imagenet-train serve /data/shards --port 8080 &\n"
-    "python bench/gpu.py --steps 200                                     # synthetic ceiling\n"
-    "python bench/gpu.py --shards http://127.0.0.1:8080/shards.json --workers 12 --steps 200\n"
-    "python bench/gpu.py --shards http://127.0.0.1:8080/shards.json --workers 12 --steps 200 --compile"
+    "U=http://127.0.0.1:8080/shards.json\n"
+    "python bench/gpu.py --shards $U --workers 8 --synthetic      # ceiling + our CPU decode, 8 workers\n"
+    "python bench/gpu.py --shards $U --workers 14\n"
+    "python bench/gpu.py --shards $U --workers 8 --decoder dali\n"
+    "python bench/gpu.py --shards $U --workers 8 --decoder dali --steps 30 --sync-check\n"
+    "python bench/gpu.py --shards $U --workers 8 --compile         # torch.compile, opt-in"
 )
 
 
@@ -163,6 +166,17 @@ def p6_rows() -> list[str]:
                 "| real >= 95% | "
                 f"{verdict(x['img_s'] / ceiling, 0.95)} |"
             )
+    checks = [
+        f"{key.split('_')[0]}: {value['sync_check']}"
+        for line in P6_RESULTS.read_text().splitlines()
+        for key, value in json.loads(line).items()
+        if isinstance(value, dict) and "sync_check" in value
+    ]
+    if checks:
+        rows.append(
+            '| P6 | sync check: timed steps under `torch.cuda.set_sync_debug_mode("error")` (batch hand-over, '
+            f"copy, `Trainer.step`) | {'; '.join(checks)} | no sync per step | met |"
+        )
     return rows
 
 
@@ -240,6 +254,10 @@ def render(r: dict, args) -> str:
         "Huffman decoding of every block dominates, and only partial decompression (libjpeg-turbo 3's "
         "tj3SetCroppingRegion, or jpeg_skip_scanlines) avoids it. `--decoder fused` stays available; "
         "simplejpeg (full decode, then the same crop on the uint8 tensor) is the default because it is faster.",
+        "",
+        "P6 ran on a lent NVIDIA H100 80GB HBM3 (16 cores); raw figures and the exact commands: "
+        "`bench/results/p6-h100.jsonl` and `bench/results/README.md`. Data wait: share of wall time the training "
+        "thread spent waiting for the next batch (for DALI this includes its GPU decode sharing the GPU).",
         "",
         "## P6 command (run where a GPU is lent)",
         "",
