@@ -1,87 +1,95 @@
-"""P6: ResNet-50 training throughput on one GPU, AMP bf16, channels_last, batch 256: synthetic data (the
-ceiling) against real WebDataset shards through our loader. Skips without CUDA.
+"""P6: ResNet-50 training throughput on one GPU through the trainer's own step (bf16, channels_last, batch
+256): a fixed batch already on the GPU (the ceiling) against real shards through our loader (CPU decode, or
+--decoder dali), with the fraction of wall time the training thread waited for data. Skips without CUDA.
 
-  python bench/gpu.py --shards http://HOST/shards.json --workers 12 [--compile]
+  python bench/gpu.py --shards http://HOST/shards.json --workers 8 --decoder simplejpeg [--synthetic]
+  python bench/gpu.py --shards http://HOST/shards.json --decoder dali --sync-check   # no host sync per step
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 
 import torch
 
-from imagenet_train.compat import ensure_torchvision
-from imagenet_train.data import EpochLoader, ShardStream, resolve_source
-from imagenet_train.presets import TrainPreset, normalize
-
-ensure_torchvision()
-from torchvision import models  # noqa: E402
+from imagenet_train.config import Config
+from imagenet_train.data import resolve_source
+from imagenet_train.dist import DistInfo
+from imagenet_train.train import Trainer
 
 
-def step_rate(model, optimizer, batches, steps: int, warmup: int = 10) -> float:
-    """Images/s of forward + backward + optimizer step over `steps` batches after `warmup`."""
-    criterion = torch.nn.CrossEntropyLoss()
-    seen, start = 0, None
-    for index, (images, labels) in enumerate(batches):
-        if index == warmup:
-            torch.cuda.synchronize()
-            start, seen = time.perf_counter(), 0
-        images = normalize(images.cuda(non_blocking=True), channels_last=True)
-        labels = labels.cuda(non_blocking=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = criterion(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        seen += images.shape[0]
-        if index == warmup + steps:
-            break
+def trainer_for(args: argparse.Namespace, batches: int) -> Trainer:
+    """The trainer as `imagenet-train train` builds it, on one GPU, resampled epochs of `batches` batches."""
+    cfg = Config()
+    cfg.data.shards, cfg.data.workers, cfg.data.batch_size = args.shards, args.workers, args.batch_size
+    cfg.data.decoder, cfg.data.epoch_batches, cfg.data.num_classes = args.decoder, batches, 1000
+    cfg.run.arch, cfg.run.amp, cfg.run.compile = "resnet50", "bf16", args.compile
+    cfg.run.run_dir = tempfile.mkdtemp(prefix="bench-gpu-")
+    info = DistInfo(rank=0, world=1, local_rank=0, device=torch.device("cuda", 0))
+    torch.cuda.set_device(0)
+    return Trainer(cfg.validate(), info, resolve_source(args.shards, num_classes=1000))
+
+
+def timed(trainer: Trainer, batches, steps: int, warmup: int, sync_check: bool = False) -> dict:
+    """img/s of `steps` trainer steps after `warmup`, and the share of wall time spent waiting for a batch."""
+    source = iter(batches)
+    waited, seen, start = 0.0, 0, time.perf_counter()
+    try:
+        for index in range(warmup + steps):
+            if index == warmup:
+                torch.cuda.synchronize()
+                start, waited, seen = time.perf_counter(), 0.0, 0
+                if sync_check:
+                    torch.cuda.set_sync_debug_mode("error")  # any host-device sync from here on raises
+            before = time.perf_counter()
+            images, labels, _ = next(source)
+            waited += time.perf_counter() - before
+            trainer.step(images, labels)
+            seen += len(labels)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    return seen / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    return {"img_s": round(seen / elapsed, 1), "data_wait": round(waited / elapsed, 3), "steps": steps}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shards", default="", help="shard index for the real-data run (omit: synthetic only)")
-    parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--shards", required=True, help="shard index (the model and loaders are the trainer's)")
+    parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--decoder", default="simplejpeg")
+    parser.add_argument("--synthetic", action="store_true", help="also time a fixed batch on the GPU (the ceiling)")
+    parser.add_argument("--sync-check", action="store_true", help="fail on any host-device sync in the timed steps")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(json.dumps({"skipped": "no CUDA device"}))
         return
-    torch.backends.cudnn.benchmark = True
-    model = models.resnet50(num_classes=1000).cuda().to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    if args.compile:
-        model = torch.compile(model)
-    batch = args.batch_size
-    synthetic_batch = (
-        torch.randint(0, 255, (batch, 3, 224, 224), dtype=torch.uint8).pin_memory(),
-        torch.randint(0, 1000, (batch,)),
-    )
-    result = {
-        "device": torch.cuda.get_device_name(),
-        "batch": batch,
-        "compile": args.compile,
-        "synthetic": step_rate(model, optimizer, iter(lambda: synthetic_batch, None), args.steps),
-    }
-    if args.shards:
-        source = resolve_source(args.shards)
-        stream = ShardStream(
-            urls=source.train_urls,
-            transform=TrainPreset(224, decoder=args.decoder).build(),
-            batch_size=batch,
-            resampled=True,
+    trainer = trainer_for(args, args.warmup + args.steps)
+    result = {"device": torch.cuda.get_device_name(), "batch": args.batch_size, "compile": args.compile}
+    if args.synthetic:
+        images = torch.randint(0, 255, (args.batch_size, 3, 224, 224), dtype=torch.uint8, device="cuda")
+        labels = torch.randint(0, 1000, (args.batch_size,), device="cuda")
+        result["synthetic"] = timed(trainer, iter(lambda: (images, labels, []), None), args.steps, args.warmup)
+    name = f"{args.decoder}_{args.workers}w"
+    try:
+        loader = trainer.train_loader
+        result[name] = timed(
+            trainer, trainer.batches(loader, trainer.train_augment), args.steps, args.warmup, args.sync_check
         )
-        loader = EpochLoader(stream, args.workers, batches=args.steps + 20, pin_memory=True)
-        result["real"] = step_rate(model, optimizer, ((b[0], b[1]) for b in loader), args.steps)
-        result["real_over_synthetic"] = result["real"] / result["synthetic"]
-    print(json.dumps(result))
+        if args.sync_check:
+            result[name]["sync_check"] = f"passed: no host-device sync in {args.steps} steps"
+    except RuntimeError as error:
+        result[name] = {"error": str(error).splitlines()[0][:300]}
+    finally:
+        trainer.train_loader.close()
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ P1: our train pipeline (shards → decode → RandomResizedCrop 224 → flip →
 users would write (`torchvision.datasets.ImageFolder` + `DataLoader` over the same JPEGs as files, the same
 transforms with ToTensor/Normalize in the workers), with the same number of workers.
 P2: the same decode + augment in a bare loop in one process (no loader), times the workers: the limit.
+Peer: NVIDIA DALI on its CPU backend, as a DALI user would write it (`fn.readers.webdataset` over the same
+shards, `decoders.image_random_crop` + resize + flip, then normalise or not), with as many threads as we
+have workers.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import torch
 
 from imagenet_train.compat import ensure_torchvision
+from imagenet_train.dali import available as dali_available
 from imagenet_train.data import EpochLoader, ShardStream, resolve_source
 from imagenet_train.presets import IMAGENET_MEAN, IMAGENET_STD, TrainPreset, normalize
 
@@ -38,6 +42,38 @@ def ours(shards: Path, workers: int, decoder: str, normalized: bool = True) -> f
         shuffle_buffer=1000,
     )
     return _timed(EpochLoader(stream, workers), (lambda batch: normalize(batch[0])) if normalized else (lambda b: b[0]))
+
+
+def dali_peer(shards: Path, threads: int, normalized: bool = True) -> float:
+    """Images/s through DALI's own CPU pipeline over the same shards: read, decode + random-resized-crop,
+    resize 224, random flip, then float normalised CHW or uint8 CHW."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    source = resolve_source(str(shards))
+
+    @pipeline_def(batch_size=BATCH, num_threads=threads, device_id=None, seed=0)
+    def pipeline():
+        jpegs, labels = fn.readers.webdataset(
+            paths=source.train_urls, ext=["jpg", "cls"], random_shuffle=True, initial_fill=1000, name="reader"
+        )
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        mean = [m * 255 for m in IMAGENET_MEAN] if normalized else [0.0]
+        std = [s * 255 for s in IMAGENET_STD] if normalized else [1.0]
+        dtype = types.FLOAT if normalized else types.UINT8
+        images = fn.crop_mirror_normalize(
+            images, mirror=fn.random.coin_flip(), dtype=dtype, output_layout="CHW", mean=mean, std=std
+        )
+        return images, labels
+
+    pipe = pipeline()
+    pipe.build()
+    steps = source.train_samples // BATCH
+    pipe.run()  # the first batch: start-up is P5's subject, not this one's
+    start = time.perf_counter()
+    for _ in range(steps - 1):
+        pipe.run()
+    return (steps - 1) * BATCH / (time.perf_counter() - start)
 
 
 def baseline_transform() -> v2.Transform:
@@ -97,6 +133,9 @@ def run(images: Path, shards: Path, workers: int, repeats: int = 3) -> dict:
         "baseline": lambda: baseline(images, workers),
         "bare_pil_baseline_transform": lambda: _bare_baseline(images),
     }
+    if dali_available():
+        measures["dali_cpu"] = lambda: dali_peer(shards, workers)
+        measures["dali_cpu_uint8"] = lambda: dali_peer(shards, workers, normalized=False)
     for decoder in ("simplejpeg", "fused"):
         measures[f"ours_{decoder}"] = lambda d=decoder: ours(shards, workers, d)
         measures[f"bare_{decoder}"] = lambda d=decoder: bare(shards, d)
@@ -105,7 +144,8 @@ def run(images: Path, shards: Path, workers: int, repeats: int = 3) -> dict:
     for _ in range(repeats):
         for name, measure in measures.items():
             runs[name].append(measure())
-    return {"workers": workers, **{name: max(values) for name, values in runs.items()}, "runs": runs}
+    best = {name: max(values) for name, values in runs.items()}
+    return {"workers": workers, "repeats": repeats, **best, "runs": runs}
 
 
 def _bare_baseline(images: Path, limit: int = 300) -> float:

@@ -37,14 +37,17 @@ def keys_of(loader) -> list[str]:
 @pytest.mark.parametrize("workers", [0, 2, 3])
 def test_split_mode_sees_every_sample_once_per_epoch_over_all_ranks(digit_shards, workers):
     source = resolve_source(str(digit_shards))
+    # One loader per rank for both epochs: its workers persist and must follow the epoch's shard order.
+    loaders = [EpochLoader(stream(source.train_urls, rank, 3, shuffle_buffer=50), workers) for rank in range(3)]
     for epoch in (0, 1):
         seen = Counter()
-        for rank in range(3):
-            loader = EpochLoader(stream(source.train_urls, rank, 3, shuffle_buffer=50), workers)
+        for loader in loaders:
             loader.set_epoch(epoch)
             seen.update(keys_of(loader))
         assert sum(seen.values()) == source.train_samples == 1438
         assert set(seen.values()) == {1}
+    for loader in loaders:
+        loader.close()
 
 
 def test_split_mode_batch_counts_match_the_plan(digit_shards):

@@ -12,7 +12,7 @@ from .settings import check, declared, setting
 
 MODES = ("resampled", "split", "queue")
 AMP_MODES = ("auto", "bf16", "fp16", "off")
-DECODERS = ("simplejpeg", "fused", "pil")
+DECODERS = ("simplejpeg", "fused", "pil", "dali")
 BROKEN_SHARD_POLICIES = ("skip", "fail")
 
 
@@ -42,7 +42,9 @@ class DataConfig:
     decoder: str = setting(
         "simplejpeg",
         "train-time JPEG decoder: simplejpeg (decode, then crop the uint8 image), fused (crop and DCT-scale "
-        "inside libjpeg-turbo via PyTurboJPEG; needs libturbojpeg) or pil",
+        "inside libjpeg-turbo via PyTurboJPEG; needs libturbojpeg), pil, or dali (NVIDIA DALI decodes on the GPU "
+        "with nvJPEG, fused with crop, flip and normalisation; its CPU backend without a GPU; "
+        "pip install 'imagenet-train[dali]')",
         choices=DECODERS,
     )
     shuffle_buffer: int = setting(1000, "samples in each shuffle buffer", minimum=0, maximum=1 << 24)
@@ -92,6 +94,11 @@ class RunConfig:
     epochs: int = setting(90, "epochs to train", minimum=1, maximum=1_000_000)
     amp: str = setting("auto", "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off", choices=AMP_MODES)
     channels_last: bool = setting(True, "channels-last memory format on GPU")
+    compile: bool = setting(
+        False,
+        "torch.compile the model (first steps compile; not applied in split/queue mode across ranks, where "
+        "Join shadows DDP's collectives)",
+    )
     seed: int = setting(0, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
     run_dir: str = setting("runs/latest", "directory for config.json, metrics.jsonl and checkpoints")
     results: str = setting("", "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)")
@@ -142,6 +149,11 @@ class Config:
                 raise ImagenetTrainError(
                     "--decoder fused: needs PyTurboJPEG 1.8 and libturbojpeg (apt-get install libturbojpeg0)"
                 )
+        if data.decoder == "dali":
+            from .dali import available as dali_available
+
+            if not dali_available():
+                raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")
         if self.run.total_samples and data.mode != "resampled":
             raise ImagenetTrainError("--total-samples: needs --mode resampled (an endless stream of equal batches)")
         if data.loader_timeout and data.loader_timeout <= data.io_timeout:

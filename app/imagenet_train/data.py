@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import plan, storage, tarstream
 from .cache import open_cached
+from .epochstate import EpochState, EpochStateFile, read_epoch_state
 from .errors import ImagenetTrainError
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,17 @@ def shuffled(items: Iterable, buffer: int, rng: random.Random) -> Iterator:
         pool[slot] = item
     rng.shuffle(pool)
     yield from pool
+
+
+def interleaved(streams: Sequence[Iterator], rng: random.Random) -> Iterator:
+    """Items of several streams, each next item from one of them drawn at random, until all are done."""
+    active = list(streams)
+    while active:
+        slot = rng.randrange(len(active))
+        try:
+            yield next(active[slot])
+        except StopIteration:
+            active.pop(slot)
 
 
 def decoded(samples: Iterable[dict], transform: Callable, counters: DamageCounters) -> Iterator[tuple]:
@@ -301,6 +313,10 @@ class ShardStream(IterableDataset):
     seed: int = 0
     reading: ShardReading = ShardReading()
     epoch: int = 0
+    batches: int | None = None  # resampled: batches this rank takes per epoch, shared over the workers
+    interleave: int = 4  # resampled: shards each worker reads at once, so every batch mixes shards
+    collate_fn: Callable | None = None  # how samples become a batch (default: stack uint8 images)
+    state_file: str = ""  # per-epoch settings for persistent workers (epochstate.EpochStateFile)
     skip_keys: frozenset = frozenset()  # consumed before a mid-epoch checkpoint: read, never decoded
     resume_tag: str = ""  # a resumed resampled epoch draws fresh shards, deterministically
     queue: object = None  # a shard queue (queue.StoreQueue / LocalQueue) for --mode queue
@@ -310,9 +326,23 @@ class ShardStream(IterableDataset):
         self.damage = DamageCounters(worker_context())
         self.environment = storage.io_environment()
 
-    def shard_urls(self, worker: int, workers: int) -> Iterator[str]:
+    def epoch_state(self) -> EpochState:
+        """This epoch's settings, for workers started in an earlier epoch."""
+        return EpochState(self.epoch, self.skip_keys, self.resume_tag, self.batches)
+
+    def adopt(self, state: EpochState) -> None:
+        """Take over the epoch's settings written by the training process."""
+        self.epoch, self.skip_keys, self.resume_tag, self.batches = (
+            state.epoch,
+            state.skip_keys,
+            state.resume_tag,
+            state.batches,
+        )
+
+    def shard_urls(self, worker: int, workers: int, reader: int = 0) -> Iterator[str]:
         if self.resampled:
-            rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}{self.resume_tag}")
+            stream = f":{reader}" if reader else ""
+            rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}{self.resume_tag}{stream}")
             while True:
                 yield self.urls[rng.randrange(len(self.urls))]
         order = (
@@ -330,14 +360,34 @@ class ShardStream(IterableDataset):
         worker, workers = _worker()
         if get_worker_info() is not None:
             storage.apply_io_environment(self.environment)
+            if self.state_file:
+                self.adopt(read_epoch_state(self.state_file))
         rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}:samples")
-        max_empty = 2 * len(self.urls) + 8 if self.resampled else None
-        samples = read_shards(self.shard_urls(worker, workers), self.reading, self.damage, max_empty)
+        if self.resampled:
+            # Several shards open at once, drawn from at random, so each batch mixes shards in this worker.
+            max_empty = 2 * len(self.urls) + 8
+            readers = [
+                read_shards(self.shard_urls(worker, workers, reader), self.reading, self.damage, max_empty)
+                for reader in range(max(self.interleave, 1))
+            ]
+            samples = interleaved(readers, random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}:mix"))
+        else:
+            samples = read_shards(self.shard_urls(worker, workers), self.reading, self.damage, None)
         if self.skip_keys:
             samples = (sample for sample in samples if sample["__key__"] not in self.skip_keys)
         if self.shuffle_buffer > 1:
             samples = shuffled(samples, self.shuffle_buffer, rng)
-        return batched(decoded(samples, self.transform, self.damage), self.batch_size, partial=not self.resampled)
+        batches = batched(
+            decoded(samples, self.transform, self.damage),
+            self.batch_size,
+            partial=not self.resampled,
+            collate_fn=self.collate_fn or collate,
+        )
+        if self.resampled and self.batches:
+            # The DataLoader takes batches from its workers in turn: worker w's share of the epoch, exactly.
+            share = self.batches // workers + (worker < self.batches % workers)
+            return itertools.islice(batches, share)
+        return batches
 
     def rank_shards(self) -> int:
         """How many shards this rank reads in split mode."""
@@ -345,7 +395,11 @@ class ShardStream(IterableDataset):
 
 
 class EpochLoader:
-    """Iterate one epoch of batches at a time; resampled streams are cut to exactly `batches` per rank."""
+    """Iterate one epoch of batches at a time; resampled streams are cut to exactly `batches` per rank.
+
+    The DataLoader and its worker processes are made once and persist across epochs (`persistent`), so an
+    epoch starts without worker start-up; each epoch's settings reach the workers through a state file.
+    """
 
     def __init__(
         self,
@@ -353,15 +407,19 @@ class EpochLoader:
         workers: int,
         batches: int | None = None,
         pin_memory: bool = False,
-        mix_buffer: int = 1000,
         timeout: float = 0,
+        persistent: bool = True,
     ):
         if stream.resampled and not batches:
             raise ImagenetTrainError("resampled loading needs an epoch length in batches")
         self.stream, self.batches = stream, batches
         dynamic = stream.resampled or stream.queue is not None
         self.workers = workers if dynamic else plan.loader_workers(stream.rank_shards(), workers)
-        self.pin_memory, self.mix_buffer, self.timeout = pin_memory, mix_buffer, timeout
+        self.pin_memory, self.timeout, self.persistent = pin_memory, timeout, persistent and self.workers > 0
+        self.state = EpochStateFile() if self.workers else None
+        if self.state:
+            stream.state_file = self.state.path
+        self.loader: DataLoader | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.stream.epoch = epoch
@@ -374,27 +432,29 @@ class EpochLoader:
         """(corrupt samples, broken shards, lost samples) this rank's workers met so far."""
         return self.stream.damage.snapshot()
 
+    def _data_loader(self) -> DataLoader:
+        if self.loader is None or not self.persistent:
+            self.loader = DataLoader(
+                self.stream,
+                batch_size=None,
+                num_workers=self.workers,
+                pin_memory=self.pin_memory,
+                prefetch_factor=4 if self.workers else None,
+                persistent_workers=self.persistent,
+                multiprocessing_context=worker_context() if self.workers else None,
+                timeout=self.timeout if self.workers else 0,
+                worker_init_fn=_worker_init if self.workers else None,
+            )
+        return self.loader
+
     def __iter__(self) -> Iterator[Batch]:
-        loader = DataLoader(
-            self.stream,
-            batch_size=None,
-            num_workers=self.workers,
-            pin_memory=self.pin_memory,
-            prefetch_factor=4 if self.workers else None,
-            multiprocessing_context=worker_context() if self.workers else None,
-            timeout=self.timeout if self.workers else 0,
-            worker_init_fn=_worker_init if self.workers else None,
-        )
+        self.stream.batches = self.batches if self.stream.resampled else None
+        if self.state:
+            self.state.write(self.stream.epoch_state())
         with main_script_hidden():
-            batches = iter(loader)  # starts the workers
+            batches = iter(self._data_loader())  # starts the workers (the first time, when they persist)
         try:
-            if not self.stream.resampled:
-                yield from itertools.islice(batches, self.batches) if self.batches else batches
-                return
-            # Each worker batch comes from one worker's shards: re-mix samples across workers, then batch.
-            rng = random.Random(f"{self.stream.seed}:{self.stream.epoch}:{self.stream.rank}:mix")
-            samples = shuffled(unbatched(batches), self.mix_buffer, rng)
-            yield from itertools.islice(batched(samples, self.stream.batch_size, partial=False), self.batches)
+            yield from itertools.islice(batches, self.batches) if self.batches else batches
         except RuntimeError as error:
             if "timed out" not in str(error):
                 raise
@@ -403,19 +463,24 @@ class EpochLoader:
                 f"(first shard {self.stream.urls[0]}); is the shard server stalled?"
             ) from None
         finally:
-            shutdown = getattr(batches, "_shutdown_workers", None)
-            if shutdown:
-                shutdown()
-            for worker in getattr(batches, "_workers", []):
-                if worker.is_alive():  # it ignores SIGTERM (loader_signals), so torch's terminate() cannot end it
-                    worker.kill()
-                    worker.join(timeout=5)
+            if not self.persistent:
+                _shutdown(batches)
+
+    def close(self) -> None:
+        """Stop the persistent workers (they also stop when the loader is garbage-collected)."""
+        if self.loader is not None:
+            _shutdown(getattr(self.loader, "_iterator", None))
+            self.loader = None
 
 
-def unbatched(batches: Iterable[Batch]) -> Iterator[tuple]:
-    """Split batches back into (image, label, key) samples."""
-    for images, labels, keys in batches:
-        yield from zip(images, labels, keys, strict=True)
+def _shutdown(batches) -> None:
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown:
+        shutdown()
+    for worker in getattr(batches, "_workers", []):
+        if worker.is_alive():  # it ignores SIGTERM (loader_signals), so torch's terminate() cannot end it
+            worker.kill()
+            worker.join(timeout=5)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NoReturn
 
@@ -20,12 +21,14 @@ from tqdm import tqdm
 from . import checkpoint, plan
 from .compat import ensure_torchvision
 from .config import Config
+from .dali import DaliAugment, DaliDecoder, jpeg_bytes, pack_jpegs
 from .data import DataSource, EpochLoader, ShardReading, ShardStream, resolve_source, worker_context
 from .data_wait import DataWait
 from .dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
 from .errors import ImagenetTrainError, Preempted
 from .position import KeyLog, Position, consumed_keys
 from .preempt import StepVote, StopRequest
+from .prefetch import device_batches
 from .presets import TrainPreset, ValPreset, normalize
 from .queue import job_queue
 from .results import ResultsUploader, fetch_for_resume
@@ -100,9 +103,12 @@ def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Sche
     """This rank's training batches: equal counts per rank in resampled mode, every sample once otherwise."""
     data = cfg.data
     exact = data.mode in ("split", "queue")
+    dali = data.decoder == "dali"  # workers hand over the JPEG bytes; DALI decodes them in the rank
+    preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder)
     stream = ShardStream(
         urls=source.train_urls,
-        transform=TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder).build(),
+        transform=jpeg_bytes if dali else preset.build(),
+        collate_fn=pack_jpegs if dali else None,
         batch_size=data.batch_size,
         rank=info.rank,
         world=info.world,
@@ -117,8 +123,7 @@ def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Sche
         stream,
         data.workers,
         None if exact else schedule.epoch_batches(0),
-        pin_memory=info.device.type == "cuda",
-        mix_buffer=data.shuffle_buffer,
+        pin_memory=info.device.type == "cuda" and not dali,
         timeout=data.loader_timeout,
     )
 
@@ -128,9 +133,11 @@ def val_loader(cfg: Config, info: DistInfo, source: DataSource) -> EpochLoader |
     if not source.val_urls:
         return None
     data = cfg.data
+    dali = data.decoder == "dali"
     stream = ShardStream(
         urls=source.val_urls,
-        transform=ValPreset(data.image_size, data.val_resize or None).build(),
+        transform=jpeg_bytes if dali else ValPreset(data.image_size, data.val_resize or None).build(),
+        collate_fn=pack_jpegs if dali else None,
         batch_size=data.batch_size,
         rank=info.rank,
         world=info.world,
@@ -139,7 +146,8 @@ def val_loader(cfg: Config, info: DistInfo, source: DataSource) -> EpochLoader |
         shuffle_buffer=0,
         reading=shard_reading(cfg, source),
     )
-    return EpochLoader(stream, data.workers, pin_memory=info.device.type == "cuda", timeout=data.loader_timeout)
+    pin = info.device.type == "cuda" and not dali
+    return EpochLoader(stream, data.workers, pin_memory=pin, timeout=data.loader_timeout)
 
 
 class Trainer:
@@ -161,6 +169,9 @@ class Trainer:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
         self.ddp = DistributedDataParallel(model) if info.enabled else model
+        if info.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed input shapes: pick the fastest kernels once
+        self.forward = self._compiled() if run.compile else self.ddp
         torch.manual_seed(run.seed + 1000 * info.rank)  # different augmentation per rank
         self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
         self.global_batch, self.base_lr = self.schedule.global_batch, self.schedule.base_lr
@@ -174,6 +185,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(info.device.type, enabled=self.amp == torch.float16)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
         self.preflight()
+        self.dali: dict = {}  # loader -> its DaliDecoder, made on first use
+        self.train_augment = DaliAugment(data.image_size, True, data.min_crop_scale, data.hflip)
+        self.val_augment = DaliAugment(data.image_size, False, resize=data.val_resize or None)
         self.train_loader = train_loader(cfg, info, source, self.schedule, self._queue())
         self.val_loader = val_loader(cfg, info, source)
         self.start_epoch = 0
@@ -186,11 +200,34 @@ class Trainer:
         )
         self.events = EpochEvents(self.run_dir) if run.tensorboard and info.is_main else None
 
+    def _compiled(self) -> torch.nn.Module:
+        if self.exact and self.info.enabled:
+            if self.info.is_main:
+                log.warning("--compile: not applied in %s mode across ranks (Join's collectives)", self.cfg.data.mode)
+            return self.ddp
+        return torch.compile(self.ddp)
+
     def preflight(self) -> None:
         """The planner's check of this launch; every rank reaches the same verdict from the same inputs."""
         assessment = preflight_check(self.cfg, self.source.train_sizes, self.info.world)
         if assessment and self.info.is_main and assessment.verdict != "OK":
             log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
+
+    def batches(self, loader: EpochLoader, augment: DaliAugment) -> Iterable:
+        """One epoch of `loader` as (images, labels, keys) on the device: decoded by DALI under --decoder dali,
+        else copied there one step ahead of the step that uses them."""
+        if self.cfg.data.decoder != "dali":
+            return device_batches(loader, self.info.device)
+        if loader not in self.dali:
+            self.dali[loader] = DaliDecoder(
+                loader,
+                augment,
+                self.cfg.data.batch_size,
+                self.info.device,
+                threads=max(self.cfg.data.workers, 1),
+                seed=self.cfg.run.seed + 1000 * self.info.rank,
+            )
+        return device_batches(self.dali[loader], self.info.device)
 
     def _queue(self):
         """The run's shard queue in queue mode, under a name no earlier attempt of this run used."""
@@ -320,7 +357,7 @@ class Trainer:
         join = Join([self.ddp, self.vote]) if self.exact and info.enabled else contextlib.nullcontext()
         wait = DataWait()
         with bar, join:
-            for images, labels, batch_keys in wait.timed(loader):
+            for images, labels, batch_keys in wait.timed(self.batches(loader, self.train_augment)):
                 if key_log:
                     self._guard(key_log.fetched, batches, batch_keys)  # before the step: a kill loses nothing
                 lr = self.set_lr(epoch, batches, steps)
@@ -382,10 +419,10 @@ class Trainer:
         device = self.info.device
         if len(labels) == 1:  # a worker's only sample (damaged data): BatchNorm cannot train on a batch of one
             images, labels = images.expand(2, *images.shape[1:]), labels.expand(2)
-        images = normalize(images.to(device, non_blocking=True), self.channels_last)
+        images = normalize(images.to(device, non_blocking=True), self.channels_last)  # on the device already
         labels = labels.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=self.amp, enabled=self.amp is not None):
-            loss = self.criterion(self.ddp(images), labels)
+            loss = self.criterion(self.forward(images), labels)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
@@ -400,10 +437,16 @@ class Trainer:
         """
         counts = [int(c[0]) for c in all_gather_numbers([batches], self.info)]
         source = max(rank for rank, count in enumerate(counts) if count == max(counts))
-        for state in self.optimizer.state.values():
-            for value in state.values():
-                if torch.is_tensor(value) and value.numel() > 0:
-                    dist.broadcast(value, src=source)
+        # Walk the parameters, not the state: a rank that has not stepped yet (queue mode can leave it
+        # without a shard) has no momentum buffers, and every rank must make the same broadcasts.
+        for group in self.optimizer.param_groups:
+            if not group["momentum"]:
+                continue
+            for parameter in group["params"]:
+                state = self.optimizer.state[parameter]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(parameter)
+                dist.broadcast(state["momentum_buffer"], src=source)
 
     def replicas_in_sync(self) -> bool:
         """Whether every rank holds the same weights and momentum (a cheap checksum compare)."""
@@ -426,23 +469,23 @@ class Trainer:
         info = self.info
         self.model.eval()
         topk = min(5, self.source.num_classes)
-        loss_sum, correct1, correctk, count, keys = 0.0, 0, 0, 0, []
+        # Sums stay on the device until the end: no host sync per batch.
+        totals = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss, top-1 hits, top-k hits
+        count, keys = 0, []
         damage_before = self.val_loader.damage()
-        for images, labels, batch_keys in self.val_loader:
-            images = normalize(images.to(info.device, non_blocking=True), self.channels_last)
-            labels = labels.to(info.device, non_blocking=True)
+        for images, labels, batch_keys in self.batches(self.val_loader, self.val_augment):
+            images = normalize(images, self.channels_last)
             with torch.autocast(info.device.type, dtype=self.amp, enabled=self.amp is not None):
                 logits = self.model(images)
-            loss_sum += torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").item()
-            top = logits.topk(topk, dim=1).indices
-            hits = top.eq(labels.view(-1, 1))
-            correct1 += int(hits[:, 0].sum())
-            correctk += int(hits.any(dim=1).sum())
+            hits = logits.topk(topk, dim=1).indices.eq(labels.view(-1, 1))
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+            totals += torch.stack([loss.double(), hits[:, 0].sum().double(), hits.any(dim=1).sum().double()])
             count += len(labels)
             if self.cfg.run.log_keys:
                 keys.extend(batch_keys)
         self._write_keys("val", epoch, keys)
         _, broken, lost = (now - before for now, before in zip(self.val_loader.damage(), damage_before, strict=True))
+        loss_sum, correct1, correctk = totals.tolist()
         loss_sum, correct1, correctk, count, broken, lost = all_sum(
             [loss_sum, correct1, correctk, count, broken, lost], info
         )
@@ -522,6 +565,9 @@ class Trainer:
         if self.events:
             self.events.close()
         self.finish_uploads(self.cfg.data.io_timeout)
+        for loader in (self.train_loader, self.val_loader):
+            if loader:
+                loader.close()
         return last
 
     def stop(self, path: Path | None, position: Position, signum: int = 0) -> NoReturn:
