@@ -65,7 +65,9 @@ def command_lines(draw) -> list[str]:
     argv = [name, *REQUIRED.get(name, [])]
     for _ in positionals(parser):
         argv.append(draw(st.sampled_from(["x", "", "-1", "gs://b/p", "http://127.0.0.1:9/shards.json"])))
-    for action in draw(st.lists(st.sampled_from(flag_options(parser)), max_size=4, unique_by=lambda a: a.dest)):
+    options = flag_options(parser)  # a command may have none (the hidden ssh-node)
+    chosen = st.lists(st.sampled_from(options), max_size=4, unique_by=lambda a: a.dest) if options else st.just([])
+    for action in draw(chosen):
         flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
         if takes_no_value(action):
             # BooleanOptionalAction lists --x and --no-x; store_true only --x.
