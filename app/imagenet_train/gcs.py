@@ -153,7 +153,7 @@ def _waiting_out_outages(url: str, io_timeout: float, action: Callable[[], T]) -
     def attempt() -> T:
         try:
             return action()
-        except ImagenetTrainError:
+        except (ImagenetTrainError, FileNotFoundError):  # a local file gone (a pruned checkpoint): not an outage
             raise
         except Exception as error:
             raise _outage_or_error(url, error) from None

@@ -36,6 +36,8 @@ class Transient(Exception):
 
 
 RETRYABLE = (Transient, OSError, http.client.HTTPException)
+# Local conditions, not outages: a file that went away (a pruned checkpoint) is not waited for.
+LOCAL = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 class Body(Protocol):
@@ -106,6 +108,8 @@ def call(url: str, budget: float, attempt: Callable[[], object]):
     while True:
         try:
             return attempt()
+        except LOCAL:
+            raise
         except RETRYABLE as error:
             outage = outage or Outage(url, budget)
             outage.wait(error)
