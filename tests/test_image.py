@@ -32,6 +32,8 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 """
 
+SIGNAL_OPTIONS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2 --shutdown-timeout=80"
+
 pytestmark = pytest.mark.timeout(1500)
 
 
@@ -245,7 +247,9 @@ def test_base_torch_is_kept_not_upgraded(podman):
 )
 def test_entrypoint_maps_each_launcher_environment_to_torchrun(podman, env, expected):
     result = run(podman, IMAGE, "launch", "--dry-run", "--", "train", "--epochs", "1", env=env)
-    assert expected in result.stdout
+    launcher, _, torchrun = expected.partition(": torchrun ")
+    # Signal forwarding and the grace period come first, then the launcher's own options.
+    assert f"{launcher}: torchrun {SIGNAL_OPTIONS} {torchrun}" in result.stdout
     assert result.stdout.strip().endswith("-m imagenet_train.cli train --epochs 1")
 
 
@@ -286,7 +290,7 @@ def test_two_process_training_in_the_container_reads_host_nginx_and_writes_resul
             timeout=600,
         )
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
-    assert "imagenet-train launch: standalone: torchrun --standalone --nnodes=1 --nproc_per_node=2" in result.stdout
+    assert f"launch: standalone: torchrun {SIGNAL_OPTIONS} --standalone --nnodes=1 --nproc_per_node=2" in result.stdout
     metrics = read_metrics(results / "run")
     assert metrics[0]["batches_per_rank"] == [4, 4] and metrics[0]["val_samples"] == 359
     assert (results / "run" / "checkpoints" / "epoch-0000.pt").exists()
