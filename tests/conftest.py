@@ -91,6 +91,19 @@ def shard_server(digit_shards):
         yield server
 
 
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (torchrun's ranks), oldest pid first."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -14,7 +14,7 @@ import torch
 from imagenet_train import plan
 from imagenet_train.position import Position, consumed_keys
 
-from conftest import SMALL_TRAIN, read_metrics, torchrun
+from conftest import SMALL_TRAIN, child_pids, read_metrics, torchrun
 
 ARGS = [
     *SMALL_TRAIN,
@@ -29,18 +29,6 @@ ARGS = [
     "--eval-every",
     "5",
 ]
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return sorted(found)
 
 
 def run_until_killed(args: list[str], run_dir: Path, tmp: Path, timeout: float = 180) -> int:
@@ -64,7 +52,7 @@ def run_until_killed(args: list[str], run_dir: Path, tmp: Path, timeout: float =
         try:
             while process.poll() is None and time.monotonic() < deadline:
                 if (run_dir / "checkpoints" / "epoch-0000-step-000008.pt").exists():
-                    ranks = _children(process.pid)
+                    ranks = child_pids(process.pid)
                     assert ranks, "no rank processes found"
                     os.kill(ranks[-1], signal.SIGKILL)
                     break

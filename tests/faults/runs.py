@@ -21,7 +21,7 @@ import torch
 from imagenet_train.checkpoint import latest
 from imagenet_train.position import Position, epoch_folder
 
-from conftest import SMALL_TRAIN
+from conftest import SMALL_TRAIN, child_pids
 
 # One small configuration for every fault: 1 epoch, a checkpoint every 4 steps (the mid-epoch marker the
 # tests wait for), every sample key logged. Each test adds --shards, --mode, --run-dir and its own timeouts.
@@ -44,19 +44,6 @@ FAULT_TRAIN = [
 def step_checkpoint(run_dir: Path, step: int) -> Path:
     """Where --checkpoint-every writes the epoch-0 checkpoint of global step `step`."""
     return run_dir / "checkpoints" / f"epoch-0000-step-{step:06d}.pt"
-
-
-def rank_pids(torchrun_pid: int) -> list[int]:
-    """The rank processes torchrun started (its direct children), oldest pid first."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == torchrun_pid:
-            found.append(int(stat.parent.name))
-    return sorted(found)
 
 
 class TorchRun:
@@ -102,7 +89,7 @@ class TorchRun:
 
     def kill_rank(self, signum: int = signal.SIGKILL) -> int:
         """Send a signal to the last rank process; returns its pid."""
-        ranks = rank_pids(self.process.pid)
+        ranks = child_pids(self.process.pid)
         assert ranks, "no rank processes found"
         os.kill(ranks[-1], signum)
         return ranks[-1]
