@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from .errors import ImagenetTrainError
-from .settings import check, declared, setting
+from .settings import check, declared, flag, problem, setting
 
 MODES = ("resampled", "split", "queue")
 AMP_MODES = ("auto", "bf16", "fp16", "off")
@@ -32,6 +35,13 @@ class DataConfig:
         choices=MODES,
     )
     batch_size: int = setting(256, "batch size per rank", minimum=1, maximum=1 << 20)
+    global_batch_size: int = setting(
+        0,
+        "batch size over all ranks; when set, each rank's batch is this divided by the world size, which must "
+        "divide it (0: use --batch-size)",
+        minimum=0,
+        maximum=1 << 24,
+    )
     workers: int = setting(8, "DataLoader workers per rank", minimum=0, maximum=512)
     image_size: int = setting(224, "training and evaluation crop size", minimum=1, maximum=8192)
     val_resize: int = setting(
@@ -134,6 +144,18 @@ class Config:
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
 
+    def for_world(self, world_size: int) -> Config:
+        """This config with each rank's batch derived from --global-batch-size (when set) for `world_size` ranks."""
+        total = self.data.global_batch_size
+        if not total:
+            return self
+        if total % world_size:
+            raise ImagenetTrainError(
+                f"--global-batch-size: {total} does not divide over {world_size} ranks; "
+                f"expected a multiple of {world_size}"
+            )
+        return dataclasses.replace(self, data=dataclasses.replace(self.data, batch_size=total // world_size))
+
     def validate(self) -> Config:
         """Reject settings that cannot work, naming the option."""
         for section in self.sections():
@@ -162,3 +184,57 @@ class Config:
                 "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
             )
         return self
+
+
+SECTIONS = (DataConfig, OptimConfig, RunConfig)
+
+
+def defaults() -> dict[str, Any]:
+    """Every setting's default, by name."""
+    return {d.name: d.default for section in SECTIONS for d, _ in declared(section)}
+
+
+def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """A config file's settings, checked: flat names (`batch_size: 64`), or a run's config.json sections."""
+    if set(values) <= {"data", "optim", "run", "derived"} and all(isinstance(v, dict) for v in values.values()):
+        values = {k: v for name in ("data", "optim", "run") for k, v in values.get(name, {}).items()}
+    kinds = {d.name: (type(d.default), rule) for section in SECTIONS for d, rule in declared(section)}
+    checked = {}
+    for name, value in values.items():
+        if name not in kinds:
+            raise ImagenetTrainError(
+                f"{source}: unknown setting '{name}'; expected a `train` option name with underscores, "
+                "e.g. batch_size for --batch-size"
+            )
+        kind, rule = kinds[name]
+        wanted = problem(kind, rule, value)
+        if wanted:
+            raise ImagenetTrainError(f"{source}: {name} ({flag(name)}): expected {wanted}, got '{value}'")
+        checked[name] = kind(value)
+    return checked
+
+
+def read_mapping(path: str | Path, label: str) -> dict[str, Any]:
+    """A YAML (or JSON) file holding a mapping; an empty file is {}. Errors name `label` (the flag) and the file."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ImagenetTrainError(f"{label} {path}: cannot read ({error.strerror})") from None
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ImagenetTrainError(f"{label} {path}: not valid YAML or JSON{where}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ImagenetTrainError(f"{label} {path}: expected a mapping, got {type(values).__name__}")
+    return values
+
+
+def load_settings(path: str | Path) -> dict[str, Any]:
+    """The settings in a YAML or JSON config file (`train --config FILE`), checked."""
+    return settings_from(read_mapping(path, "--config"), f"--config {path}")

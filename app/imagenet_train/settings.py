@@ -49,12 +49,17 @@ def expectation(kind: type, rule: Setting) -> str:
     noun = "a whole number" if kind is int else "a number"
     bounds = []
     if rule.above is not None:
-        bounds.append(f"> {rule.above:g}")
+        bounds.append(f"> {_plain(rule.above)}")
     if rule.minimum is not None:
-        bounds.append(f">= {rule.minimum:g}")
+        bounds.append(f">= {_plain(rule.minimum)}")
     if rule.maximum is not None:
-        bounds.append(f"<= {rule.maximum:g}")
+        bounds.append(f"<= {_plain(rule.maximum)}")
     return noun + (" " + " and ".join(bounds) if bounds else "")
+
+
+def _plain(bound: float) -> str:
+    """1048576, not 1.04858e+06; 0.08 stays 0.08."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def problem(kind: type, rule: Setting, value: Any) -> str | None:
@@ -118,6 +123,29 @@ def number(kind: type = int, minimum: float | None = None, maximum: float | None
 def choice(*choices: str):
     """argparse `type=` for one of a closed set of words, with the shared message."""
     return converter("value", str, Setting("", choices=choices))
+
+
+def json_schema(sections: tuple[Any, ...], exclude: frozenset[str] = frozenset()) -> dict:
+    """JSON Schema (draft 7) of a flat settings mapping, one property per declared setting."""
+    properties = {}
+    for section in sections:
+        for declaration, rule in declared(section):
+            if declaration.name not in exclude:
+                properties[declaration.name] = _property(type(declaration.default), rule, declaration.default)
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def _property(kind: type, rule: Setting, default: Any) -> dict:
+    schema: dict[str, Any] = {"description": rule.help, "type": _JSON_TYPES[kind], "default": default}
+    if rule.choices:
+        schema["enum"] = list(rule.choices)
+    for key, bound in (("minimum", rule.minimum), ("exclusiveMinimum", rule.above), ("maximum", rule.maximum)):
+        if bound is not None:
+            schema[key] = kind(bound)
+    return schema
 
 
 def text(text_value: str) -> str:

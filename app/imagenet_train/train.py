@@ -624,7 +624,7 @@ def train(cfg: Config) -> dict:
     request.install()  # before the first collective: a signal during start-up is noted, not fatal
     info = init_distributed()
     try:
-        result = _run_released(cfg, info, request)
+        result = _run_released(cfg.for_world(info.world), info, request)
         if info.is_main:
             print(f"run directory: {Path(cfg.run.run_dir).resolve()}", flush=True)
         return result
