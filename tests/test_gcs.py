@@ -74,6 +74,26 @@ def test_upload_skips_identical_files_and_sync_brings_them_back(gs_shards, digit
         assert (tmp_path / "copy" / path.name).read_bytes() == path.read_bytes()
 
 
+def test_the_charts_fill_pod_copies_the_bucket_named_in_its_rendered_config(gs_shards, digit_shards, tmp_path):
+    import yaml
+
+    from chartkit.render import render
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"shards": {"nginx": {"fill": {"enabled": True, "from": gs_shards}}}}))
+    objects = [o for o in yaml.safe_load_all(render([str(values)], release="r")) if o]
+    config = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-config"))
+    fill = next(o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].endswith("-fill"))
+    args = fill["spec"]["template"]["spec"]["containers"][0]["args"]
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text(config["data"]["deployment.yaml"])
+    args = [str(deployment) if a == "/etc/imagenet-train/deployment.yaml" else a for a in args]
+    result = cli(*args, "--directory", str(tmp_path / "volume"))
+    assert result.returncode == 0, result.stderr
+    for path in digit_shards.iterdir():
+        assert (tmp_path / "volume" / path.name).read_bytes() == path.read_bytes()
+
+
 def test_a_checksum_mismatch_after_upload_is_an_error(emulator, tmp_path, monkeypatch):
     path = tmp_path / "a.bin"
     path.write_bytes(b"abc" * 1000)

@@ -57,7 +57,7 @@ def test_single_node_job_reads_a_mounted_dataset(tmp_path):
     argv = dry_run(
         tmp_path,
         {
-            "launcher": {"nodes": 1, "gpusPerNode": 8},
+            "launcher": {"nodes": 1},
             "ngc": {
                 "ace": "nv-us-west-2",
                 "org": "acme",
@@ -78,8 +78,8 @@ def test_single_node_job_reads_a_mounted_dataset(tmp_path):
         "--instance",
         "dgxa100.80g.8.norm",
         "--commandline",
-        "imagenet-train launch --nproc-per-node 8 -- train --shards /mnt/imagenet/shards.json --arch resnet50 "
-        "--epochs 90 --batch-size 256 --workers 8 --mode resampled --amp auto --run-dir /results --resume latest",
+        "imagenet-train launch --nproc-per-node 8 -- train --resume latest --shards /mnt/imagenet/shards.json "
+        "--run-dir /results",
         "--result",
         "/results",
         "--total-runtime",
@@ -105,8 +105,8 @@ def test_multinode_job_is_a_pytorch_array_with_workspace_and_labels(tmp_path):
     argv = dry_run(
         tmp_path,
         {
-            "launcher": {"nodes": 4, "gpusPerNode": 8},
-            "train": {"globalBatchSize": 4096, "epochs": 40},
+            "launcher": {"nodes": 4},
+            "train": {"global_batch_size": 4096, "epochs": 40},
             "ngc": {
                 "instance": "dgxh100.80g.8.norm",
                 "totalRuntime": "2D12H",
@@ -125,7 +125,7 @@ def test_multinode_job_is_a_pytorch_array_with_workspace_and_labels(tmp_path):
     assert argv[argv.index("--workspace") + 1] == "acme-ckpt:/ws:RW"
     assert argv[argv.index("--total-runtime") + 1] == "2D12H" and argv[argv.index("--preempt") + 1] == "RESUMABLE"
     program = commandline(argv)
-    assert program[program.index("--batch-size") + 1] == "128"  # 4096 over 4 x 8 GPUs
+    assert program[program.index("--global-batch-size") + 1] == "4096"  # each of 4 x 8 ranks takes 128
     assert program[program.index("--epochs") + 1] == "40"
 
 
@@ -133,7 +133,7 @@ def test_aistore_backed_job_waits_for_the_cluster_and_sets_its_endpoint(tmp_path
     argv = dry_run(
         tmp_path,
         {
-            "launcher": {"nodes": 2, "gpusPerNode": 8},
+            "launcher": {"nodes": 2},
             "shards": {
                 "server": "aistore",
                 "aistore": {"endpoint": "http://ais.acme.internal:51080", "bucket": "inet"},
@@ -158,7 +158,7 @@ def test_bucket_backed_job_streams_gs_and_sends_results_to_the_bucket(tmp_path):
     argv = dry_run(
         tmp_path,
         {
-            "launcher": {"nodes": 2, "gpusPerNode": 8},
+            "launcher": {"nodes": 2},
             "shards": {"server": "bucket", "bucket": {"url": "gs://acme-data/imagenet/shards/"}},
             "results": {"bucket": "gs://acme-runs/imagenet"},
             "ngc": {"gcpKeyFile": "/ws/keys/gcp.json", "workspaces": [{"id": "acme-keys", "mount": "/ws"}]},
@@ -177,7 +177,11 @@ def test_bucket_backed_job_streams_gs_and_sends_results_to_the_bucket(tmp_path):
     ("values", "message"),
     [
         ({}, "shards.server: nginx runs inside Kubernetes"),
-        ({"launcher": {"gpusPerNode": 4}}, "ngc.instance: dgxa100.80g.8.norm has 8 GPUs per node but"),
+        (
+            {"resources": {"limits": {"nvidia.com/gpu": 4}}},
+            "ngc.instance: dgxa100.80g.8.norm has 8 GPUs per node but resources.limits asks for nvidia.com/gpu: 4",
+        ),
+        ({"launcher": {"nodes": 3}, "train": {"global_batch_size": 1000}}, "train.global_batch_size: 1000 does not"),
         ({"ngc": {"preempt": "SOMETIMES"}}, "ngc.preempt"),
         ({"ngc": {"totalRuntime": "3 days"}}, "ngc.totalRuntime"),
         ({"ngc": {"instanse": "x"}}, "ngc.instanse: unknown key"),

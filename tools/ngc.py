@@ -16,18 +16,16 @@ import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "app"))  # runs from a checkout without installing the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))  # a checkout without an installed package
 
-from imagenet_train import ngc  # noqa: E402
-from imagenet_train.chart_values import load_values, load_yaml  # noqa: E402
+from chartkit import CHART_DIR as CHART  # noqa: E402
+from chartkit import ngc  # noqa: E402
+from chartkit.values import load_values, load_yaml  # noqa: E402
 from imagenet_train.errors import ImagenetTrainError, one_line  # noqa: E402
-
-CHART = ROOT / "helm" / "imagenet-train"
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    values = load_values(args.values, args.set, CHART)
+    values = load_values(args.values, CHART)
     argv = ngc.run_command(values, args.name, default_tag=str(load_yaml(CHART / "Chart.yaml")["appVersion"]))
     if args.dry_run:
         print(shlex.join(argv))
@@ -45,7 +43,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
-    values = load_values(args.values, args.set, CHART)
+    values = load_values(args.values, CHART)
     label = values["ngc"]["projectLabel"]
     client = ngc.NGCClient()
     known = {str(job["id"]) for job in ngc.JobState(args.state).jobs()}
@@ -85,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     kill.set_defaults(func=cmd_kill)
     for command in (submit, kill):
         command.add_argument("-f", "--values", action="append", default=[], metavar="FILE", help="values file")
-        command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="like helm --set")
     args = parser.parse_args(argv)
     try:
         return args.func(args)

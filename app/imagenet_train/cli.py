@@ -25,17 +25,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_settings(parser: argparse.ArgumentParser, section) -> None:
-    """One flag per declared setting: its type, default, help and range come from the declaration."""
+    """One flag per declared setting: its type, default, help and range come from the declaration.
+
+    Flags default to absent (SUPPRESS), so a flag given overrides `--config`, which overrides the default.
+    """
     group = parser.add_argument_group(type(section).__name__.removesuffix("Config").lower() or "options")
     for declaration, rule in declared(section):
         default = declaration.default
         help_text = rule.help + (f" ({expectation(type(default), rule)})" if rule.choices else "")
+        help_text += f" (default: {default})"
         if isinstance(default, bool):
             group.add_argument(
                 flag(declaration.name),
                 dest=declaration.name,
                 action=argparse.BooleanOptionalAction,
-                default=default,
+                default=argparse.SUPPRESS,
                 help=help_text,
             )
         else:
@@ -43,19 +47,23 @@ def _add_settings(parser: argparse.ArgumentParser, section) -> None:
                 flag(declaration.name),
                 dest=declaration.name,
                 type=converter(declaration.name, type(default), rule),
-                default=default,
+                default=argparse.SUPPRESS,
                 metavar=declaration.name.upper(),
                 help=help_text,
             )
 
 
 def _config_from(args: argparse.Namespace):
-    from .config import Config
+    """Defaults, then the `--config` file's settings, then the flags given."""
+    from .config import Config, load_settings
 
+    given = vars(args)
+    chosen = load_settings(given["config_file"]) if given.get("config_file") else {}
     cfg = Config()
     for section in cfg.sections():
         for declaration, _ in declared(section):
-            setattr(section, declaration.name, getattr(args, declaration.name))
+            name = declaration.name
+            setattr(section, name, given.get(name, chosen.get(name, declaration.default)))
     return cfg
 
 
@@ -124,10 +132,29 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deployment(path: str) -> dict:
+    """The chart's deployment.yaml; its storage environment is applied where the pod's own env is silent."""
+    from .config import read_mapping
+    from .deployment import storage_env
+
+    document = read_mapping(path, "--deployment")
+    for name, value in storage_env(document, document["name"]).items():
+        os.environ.setdefault(name, value)
+    return document
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     from .probe import probe, wait_for
 
-    result = wait_for(args.location, args.wait, split=args.split) if args.wait else probe(args.location, args.split)
+    location = args.location
+    if args.deployment:
+        from .deployment import shards_url
+
+        document = _deployment(args.deployment)
+        location = shards_url(document, document["name"])
+    if not location:
+        raise ImagenetTrainError("probe: give the shard index (LOCATION) or --deployment FILE")
+    result = wait_for(location, args.wait, split=args.split) if args.wait else probe(location, args.split)
     print(
         f"{result.index}: {result.samples} {args.split} samples in {result.shards} shards; "
         f"read {result.shard} ({result.shard_bytes} bytes, {result.shard_samples} samples)",
@@ -293,12 +320,34 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from .launch import run
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if args.wait_for and not args.dry_run:
-        from .probe import wait_for
+    nproc, wait_for, wait_timeout = args.nproc_per_node, args.wait_for, args.wait_timeout
+    if args.deployment:
+        from .deployment import plan
 
-        result = wait_for(args.wait_for, args.wait_timeout)
+        deployment = plan(_deployment(args.deployment))
+        for name, value in deployment.env.items():
+            os.environ.setdefault(name, value)  # what the pod's own env sets wins
+        nproc = nproc or str(deployment.nproc)
+        wait_for, wait_timeout = wait_for or deployment.wait_for, deployment.wait_timeout
+        if program[:1] == ["train"]:
+            program = [*program, *deployment.train_flags]  # after --config: the deployment's places win
+    if wait_for and not args.dry_run:
+        from .probe import wait_for as wait_for_shards
+
+        result = wait_for_shards(wait_for, wait_timeout)
         print(f"shards ready: {result.index} ({result.samples} train samples in {result.shards} shards)", flush=True)
-    return run(program, nproc=args.nproc_per_node, dry_run=args.dry_run, grace_period=args.grace_period)
+    return run(program, nproc=nproc, dry_run=args.dry_run, grace_period=args.grace_period)
+
+
+def cmd_fill(args: argparse.Namespace) -> int:
+    from . import gcs
+    from .transfer import plan_sync
+
+    fill = _deployment(args.deployment)["shards"]["nginx"]["fill"]
+    args.workers, args.dry_run = int(fill["parallel"]), False
+    return _transfer(
+        plan_sync(fill["from"], args.directory, args.io_timeout), gcs.download, args, "downloaded and verified"
+    )
 
 
 def cmd_ray(args: argparse.Namespace) -> int:
@@ -379,11 +428,24 @@ def build_parser() -> argparse.ArgumentParser:
     probe = commands.add_parser(
         "probe", formatter_class=formatter, help="check a shard source: fetch the index and read one shard"
     )
-    probe.add_argument("location", type=text, help="index (shards.json), its directory, or a URL to either")
+    probe.add_argument(
+        "location", type=text, nargs="?", default="", help="index (shards.json), its directory, or a URL to either"
+    )
+    probe.add_argument(
+        "--deployment", default="", metavar="FILE", help="probe the shard source of the chart's deployment.yaml"
+    )
     probe.add_argument("--split", type=text, default="train", help="split whose first shard is read")
     probe.add_argument("--wait", type=seconds, default=0, help="retry for up to this many seconds (0: once)")
     probe.set_defaults(func=cmd_probe)
     train = commands.add_parser("train", formatter_class=formatter, help="train (run under torchrun for DDP)")
+    train.add_argument(
+        "--config",
+        dest="config_file",
+        default="",
+        metavar="FILE",
+        help="YAML or JSON file of settings by name (batch_size: 64), or a run's config.json to repeat it; "
+        "flags given override it",
+    )
     for section in (DataConfig(), OptimConfig(), RunConfig()):
         _add_settings(train, section)
     train.set_defaults(func=cmd_train, check=_check_train)
@@ -461,6 +523,17 @@ def build_parser() -> argparse.ArgumentParser:
             "--io-timeout", type=seconds, default=900, help="seconds to wait out a bucket outage before failing"
         )
         transfer.set_defaults(func=func)
+    fill = commands.add_parser(
+        "fill",
+        formatter_class=formatter,
+        help="the chart's fill pod: sync shards.nginx.fill.from onto the shard volume at /shards",
+    )
+    fill.add_argument("--deployment", type=text, required=True, metavar="FILE", help="the chart's deployment.yaml")
+    fill.add_argument("--directory", type=text, default="/shards", help="where the shard volume is mounted")
+    fill.add_argument(
+        "--io-timeout", type=seconds, default=900, help="seconds to wait out a bucket outage before failing"
+    )
+    fill.set_defaults(func=cmd_fill)
 
     launch = commands.add_parser(
         "launch",
@@ -490,6 +563,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=80,
         help="seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL "
         "(give the pod a terminationGracePeriodSeconds a little longer)",
+    )
+    launch.add_argument(
+        "--deployment",
+        default="",
+        metavar="FILE",
+        help="the chart's deployment.yaml (its ConfigMap): processes per node, the shards to wait for, the "
+        "launcher's environment and the shard and results places for `train`",
     )
     launch.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
     launch.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ImagenetTrainError
-from .manifests import training_args
+from imagenet_train.deployment import gpus_per_node, nproc, owned_flags, settings_flags
+from imagenet_train.errors import ImagenetTrainError
 
 INSTALL_HINT = (
     "the NGC CLI (`ngc`) is not installed: download it from https://org.ngc.nvidia.com/setup/installers/cli, "
@@ -59,10 +59,10 @@ def run_command(values: dict, name: str, default_tag: str = "latest") -> list[st
     """The full `ngc batch run` argv for these values (validated by the chart's schema beforehand)."""
     ngc, launcher = values["ngc"], values["launcher"]
     gpus = instance_gpus(ngc["instance"])
-    if gpus != launcher["gpusPerNode"]:
+    if gpus != gpus_per_node(values):
         raise ImagenetTrainError(
-            f"ngc.instance: {ngc['instance']} has {gpus} GPUs per node but "
-            f"launcher.gpusPerNode={launcher['gpusPerNode']}"
+            f"ngc.instance: {ngc['instance']} has {gpus} GPUs per node but resources.limits asks for "
+            f"nvidia.com/gpu: {gpus_per_node(values)}"
         )
     if launcher["elastic"]["enabled"]:
         raise ImagenetTrainError("launcher.elastic.enabled: NGC arrays are static; disable elastic for NGC jobs")
@@ -70,14 +70,13 @@ def run_command(values: dict, name: str, default_tag: str = "latest") -> list[st
     if ngc["gcpKeyFile"]:
         env.append(f"GOOGLE_APPLICATION_CREDENTIALS:{ngc['gcpKeyFile']}")
     results = values["results"]["bucket"]
-    run_name = values["train"]["runName"] or name
-    program = training_args(
-        values,
-        shards_url,
-        run_dir=ngc["resultDir"],
-        results_url=f"{results.rstrip('/')}/{run_name}" if results else "",
-        wait_for=shards_url if shards_url.startswith("ais://") else "",
-    )
+    run_name = values["results"]["runName"] or name
+    program = ["launch", "--nproc-per-node", str(nproc(values))]
+    if shards_url.startswith("ais://"):
+        program += ["--wait-for", shards_url, "--wait-timeout", str(launcher["waitForShardsSeconds"])]
+    # NGC mounts no config file: the chart's `train:` settings travel as flags.
+    program += ["--", "train", *settings_flags(values["train"] or {})]
+    program += owned_flags(shards_url, ngc["resultDir"], results=f"{results.rstrip('/')}/{run_name}" if results else "")
     # Called by name, so the job runs the same whether NGC keeps the image's entrypoint or replaces it.
     commandline = shlex.join(["imagenet-train", *program])
     image = f"{values['image']['repository']}:{values['image']['tag'] or default_tag}"

@@ -1,0 +1,140 @@
+{{/* The training pod shared by every launcher: Kubernetes structure only. */}}
+
+{{- define "imagenet-train.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+{{- end }}
+
+{{- define "imagenet-train.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* The pod runs `launch`, which reads deployment.yaml; `train` reads train.yaml (the chart's `train:`). */}}
+{{- define "imagenet-train.args" -}}
+- launch
+- --deployment
+- /etc/imagenet-train/deployment.yaml
+- --
+- train
+- --config
+- /etc/imagenet-train/train.yaml
+{{- end }}
+
+{{- define "imagenet-train.volumeMounts" -}}
+- name: config
+  mountPath: /etc/imagenet-train
+  readOnly: true
+- name: dshm
+  mountPath: /dev/shm
+- name: tmp
+  mountPath: /tmp
+- name: results
+  mountPath: /results
+{{- if .Values.cache.enabled }}
+- name: cache
+  mountPath: /cache
+{{- end }}
+{{- if .Values.gcp.credentialsSecret }}
+- name: gcp-credentials
+  mountPath: /var/run/secrets/gcp
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "imagenet-train.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "imagenet-train.fullname" . }}-config
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.shmSize | quote }}
+- name: tmp
+  emptyDir: {}
+- name: results
+{{- if .Values.results.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.results.existingClaim }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- if .Values.cache.enabled }}
+- name: cache
+  emptyDir:
+    sizeLimit: {{ .Values.cache.sizeLimit | quote }}
+{{- end }}
+{{- if .Values.gcp.credentialsSecret }}
+- name: gcp-credentials
+  secret:
+    secretName: {{ .Values.gcp.credentialsSecret }}
+{{- end }}
+{{- end }}
+
+{{/* Scheduling and identity fields of the training pod (every launcher but trainjob takes them whole). */}}
+{{- define "imagenet-train.podScheduling" -}}
+serviceAccountName: {{ include "imagenet-train.serviceAccountName" . }}
+terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
+securityContext:
+  {{- include "imagenet-train.podSecurityContext" . | nindent 2 }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* The training pod spec; `portName` names the rendezvous port. */}}
+{{- define "imagenet-train.trainPodSpec" -}}
+{{- $root := .root }}
+{{- with .restartPolicy }}
+restartPolicy: {{ . }}
+{{- end }}
+{{- include "imagenet-train.podScheduling" $root | nindent 0 }}
+{{- with .subdomain }}
+subdomain: {{ . }}
+{{- end }}
+containers:
+  - name: pytorch
+    image: {{ include "imagenet-train.image" $root }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    args:
+      {{- include "imagenet-train.args" $root | nindent 6 }}
+    {{- with $root.Values.env }}
+    env:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    ports:
+      - name: {{ .portName }}
+        containerPort: {{ $root.Values.launcher.port }}
+        protocol: TCP
+    resources:
+      {{- toYaml $root.Values.resources | nindent 6 }}
+    securityContext:
+      {{- include "imagenet-train.containerSecurityContext" $root | nindent 6 }}
+    volumeMounts:
+      {{- include "imagenet-train.volumeMounts" $root | nindent 6 }}
+volumes:
+  {{- include "imagenet-train.volumes" $root | nindent 2 }}
+{{- end }}
