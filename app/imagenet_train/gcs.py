@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .errors import ImagenetTrainError
-from .resumable import Opened, Transient, call
+from .resumable import Opened, Transient, call, is_local
 
 T = TypeVar("T")
 
@@ -153,9 +153,11 @@ def _waiting_out_outages(url: str, io_timeout: float, action: Callable[[], T]) -
     def attempt() -> T:
         try:
             return action()
-        except (ImagenetTrainError, FileNotFoundError):  # a local file gone (a pruned checkpoint): not an outage
+        except ImagenetTrainError:
             raise
         except Exception as error:
+            if is_local(error):  # this machine's files (a pruned checkpoint, a read-only disk): not an outage
+                raise
             raise _outage_or_error(url, error) from None
 
     return call(url, io_timeout, attempt)

@@ -40,6 +40,11 @@ RETRYABLE = (Transient, OSError, http.client.HTTPException)
 LOCAL = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
+def is_local(error: BaseException) -> bool:
+    """A failure of this machine's files (it names one: a read-only or full disk), which no wait mends."""
+    return isinstance(error, LOCAL) or (isinstance(error, OSError) and error.filename is not None)
+
+
 class Body(Protocol):
     def read(self, size: int) -> bytes: ...
 
@@ -108,9 +113,9 @@ def call(url: str, budget: float, attempt: Callable[[], object]):
     while True:
         try:
             return attempt()
-        except LOCAL:
-            raise
         except RETRYABLE as error:
+            if is_local(error):
+                raise
             outage = outage or Outage(url, budget)
             outage.wait(error)
 
