@@ -12,7 +12,8 @@ from pathlib import Path
 
 import yaml
 
-CRDS = Path(__file__).resolve().parents[2] / "shared" / "crds"
+# The published CRDs, vendored with their source versions (tests/crds/README.md).
+CRDS = Path(__file__).resolve().parent / "crds"
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?(\d+(\.\d*)?|\.\d+))?$")
@@ -136,7 +137,7 @@ def pod_problems(obj: dict) -> list[str]:
 
 
 def pytorchjob_webhook_problems(job: dict) -> list[str]:
-    """The training-operator admission webhook's rules (../shared/crds/README.md)."""
+    """The training-operator admission webhook's rules (tests/crds/README.md)."""
     problems = []
     name, spec = job["metadata"]["name"], job["spec"]
     if not DNS1035.match(name):
@@ -159,6 +160,31 @@ def pytorchjob_webhook_problems(job: dict) -> list[str]:
             problems.append("elasticPolicy needs a Worker replica spec")
         if "nProcPerNode" in spec["elasticPolicy"] and "nprocPerNode" in spec:
             problems.append("elasticPolicy.nProcPerNode and nprocPerNode are both set")
+    return problems
+
+
+def aistore_webhook_problems(ais: dict) -> list[str]:
+    """The AIS operator's validating webhook rules (tests/crds/README.md) that its CRD schema cannot state."""
+    spec, problems = ais["spec"], []
+    sizes_given = "size" in spec.get("proxySpec", {}) and "size" in spec.get("targetSpec", {})
+    size = spec.get("size")
+    if not sizes_given and (size is None or size == 0 or size <= -2):
+        problems.append(f"spec.size {size}: should be at least 1 or -1 for autoscaling")
+    if size == -1 and not (
+        spec.get("proxySpec", {}).get("nodeSelector") and spec.get("targetSpec", {}).get("nodeSelector")
+    ):
+        problems.append("spec.size -1 (autoscaling) needs proxySpec and targetSpec nodeSelectors")
+    state = spec.get("stateStorage")
+    if state is not None:
+        if sum(mode in state for mode in ("hostPath", "pvc", "emptyDir")) != 1:
+            problems.append("spec.stateStorage must define exactly one of hostPath, pvc, or emptyDir")
+    elif "stateStorageClass" not in spec and "hostpathPrefix" not in spec:
+        problems.append("spec does not define stateStorage (hostPath, pvc or emptyDir)")
+    for daemon in ("proxySpec", "targetSpec"):
+        for port in ("servicePort", "portPublic", "portIntraControl", "portIntraData"):
+            value = spec.get(daemon, {}).get(port)
+            if value is not None and not (isinstance(value, int) and 1 <= value <= 65535):
+                problems.append(f"spec.{daemon}.{port} {value}: not a valid port number")
     return problems
 
 

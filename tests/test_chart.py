@@ -389,6 +389,11 @@ NEGATIVE = [
     ({"launcher": {"kind": "trainjob", "elastic": {"enabled": True}}}, "launcher.elastic.enabled"),
     ({"launcher": {"kind": "jobset", "restartPolicy": "ExitCode"}}, "launcher.restartPolicy"),
     ({"launcher": {"kind": "trainjob"}, "priorityClassName": "high"}, "priorityClassName"),
+    ({"launcher": {"kind": "trainjob"}, "hostNetwork": True}, "hostNetwork"),
+    ({"launcher": {"kind": "trainjob"}, "schedulerName": "volcano"}, "schedulerName"),
+    ({"addCapabilities": ["ipc_lock"]}, "addCapabilities"),
+    # Maps merge with the default's hostPath: a second mode without `hostPath: null` is two modes.
+    ({"shards": {"aistore": {"stateStorage": {"pvc": {"storageClass": "fast"}}}}}, "shards.aistore.stateStorage"),
     ({"shards": {"nginx": {"replicas": 3}}}, "shards.nginx.volume.accessModes"),
 ]
 
@@ -535,3 +540,171 @@ def test_a_packaged_chart_carries_the_nginx_conf_itself_not_a_link(tmp_path):
         member = package.getmember("imagenet-train/files/nginx.conf")
         assert member.isreg()
         assert package.extractfile(member).read() == (ROOT / "images" / "shard-server" / "nginx.conf").read_bytes()
+
+
+# The day-one cluster failures (issue: the chart's pods run for real), one test each.
+
+
+def trainer_pods(objects: dict) -> list[dict]:
+    workloads = ("PyTorchJob", "Job", "JobSet", "TrainJob")
+    return [
+        pod
+        for obj in objects.values()
+        if obj["kind"] in workloads
+        and obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "trainer"
+        for pod in k8s_checks.pod_templates(obj)
+    ]
+
+
+def test_every_path_a_training_pod_writes_is_on_a_declared_writable_volume(rendered):
+    from imagenet_train.deployment import WRITABLE_ENV
+
+    for entry, outputs in rendered.items():
+        objects = outputs["render.py"]
+        for pod in trainer_pods(objects):
+            for box in pod["spec"]["containers"]:
+                if box["name"] not in ("pytorch", "node"):
+                    continue
+                assert box["securityContext"]["readOnlyRootFilesystem"] is True
+                writable = [m["mountPath"] for m in box["volumeMounts"] if not m.get("readOnly")]
+                for name, path in WRITABLE_ENV.items():
+                    assert any(path == m or path.startswith(m + "/") for m in writable), (entry, name, path)
+
+
+def test_the_fill_job_runs_on_the_shard_servers_node_and_the_server_restarts_with_recreate(rendered):
+    objects = rendered[("pytorchjob", "nginx", 4, False)]["helm-1.35.0"]
+    server = objects[("Deployment", f"{RELEASE}-imagenet-train-shards")]
+    assert server["spec"]["strategy"] == {"type": "Recreate"}
+    fill = objects[("Job", f"{RELEASE}-imagenet-train-fill")]["spec"]["template"]["spec"]
+    (term,) = fill["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == server["spec"]["selector"]["matchLabels"]
+    assert "nodeSelector" not in fill and "tolerations" not in fill  # the GPU nodes' placement is not the server's
+
+
+def test_a_deployed_aistore_passes_the_operators_webhook_rules(rendered):
+    clusters = [o for o in unique_objects(rendered) if o["kind"] == "AIStore"]
+    assert clusters and all(not k8s_checks.aistore_webhook_problems(c) for c in clusters)
+    assert clusters[0]["spec"]["stateStorage"] == {"hostPath": {"prefix": "/etc/ais"}}
+    without = json.loads(json.dumps(clusters[0]))
+    del without["spec"]["stateStorage"]
+    assert k8s_checks.aistore_webhook_problems(without) == [
+        "spec does not define stateStorage (hostPath, pvc or emptyDir)"
+    ]
+    both = json.loads(json.dumps(clusters[0]))
+    both["spec"]["stateStorage"]["emptyDir"] = {}
+    assert k8s_checks.aistore_webhook_problems(both)
+
+
+def test_a_failure_in_a_static_run_restarts_or_ends_the_whole_world_never_one_pod(rendered):
+    name = f"{RELEASE}-imagenet-train"
+    static = rendered[("pytorchjob", "nginx", 2, False)]["render.py"][("PyTorchJob", name)]["spec"]
+    assert {r["restartPolicy"] for r in static["pytorchReplicaSpecs"].values()} == {"ExitCode"}
+    assert static["runPolicy"]["cleanPodPolicy"] == "Running"
+    elastic = rendered[("pytorchjob", "nginx", 2, True)]["render.py"][("PyTorchJob", name)]["spec"]
+    assert elastic["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] == "OnFailure"
+    job = rendered[("indexedjob", "nginx", 2, False)]["render.py"][("Job", name)]["spec"]
+    assert job["template"]["spec"]["restartPolicy"] == "Never"
+    rules = job["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert rules[1]["action"] == "FailJob" and rules[1]["onExitCodes"]["values"] == [138, 143]
+    assert "podFailurePolicy" not in rendered[("indexedjob", "nginx", 2, True)]["render.py"][("Job", name)]["spec"]
+    jobset = rendered[("jobset", "nginx", 2, False)]["render.py"][("JobSet", name)]["spec"]
+    template = jobset["replicatedJobs"][0]["template"]["spec"]
+    assert template["backoffLimit"] == 0 and template["template"]["spec"]["restartPolicy"] == "Never"
+    assert jobset["failurePolicy"]["maxRestarts"] == 3
+
+
+def test_nginx_serves_large_shards_through_the_page_cache_with_cheap_probes(rendered):
+    conf = (ROOT / "images" / "shard-server" / "nginx.conf").read_text()
+    assert not [line for line in conf.splitlines() if line.strip().startswith("directio")]
+    assert "location = /healthz" in conf
+    objects = rendered[("pytorchjob", "nginx", 2, False)]["helm-1.35.0"]
+    nginx = objects[("Deployment", f"{RELEASE}-imagenet-train-shards")]["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert nginx[probe]["httpGet"]["path"] == "/healthz" and nginx[probe]["timeoutSeconds"] >= 5
+    main = objects[("ConfigMap", f"{RELEASE}-imagenet-train-shards")]["data"]["nginx.conf"]
+    assert "worker_connections 4096;" in main
+    assert {"name": "main", "mountPath": "/etc/nginx/nginx.conf", "subPath": "nginx.conf", "readOnly": True} in (
+        nginx["volumeMounts"]
+    )
+
+
+def test_gpu_cluster_settings_reach_every_launchers_pods_in_helm_and_render_py(tmp_path):
+    hatches = {
+        "podAnnotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+        "podLabels": {"kueue.x-k8s.io/podset": "trainers"},
+        "hostNetwork": True,
+        "addCapabilities": ["IPC_LOCK"],
+        "schedulerName": "volcano",
+        "terminationGracePeriodSeconds": 300,
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule"}
+        ],
+        "extraVolumes": [{"name": "rdma", "hostPath": {"path": "/dev/infiniband"}}],
+        "extraVolumeMounts": [{"name": "rdma", "mountPath": "/dev/infiniband"}],
+    }
+    runtime_owned = ("hostNetwork", "schedulerName", "topologySpreadConstraints")
+    for launcher in LAUNCHERS:
+        chosen = {k: v for k, v in hatches.items() if launcher != "trainjob" or k not in runtime_owned}
+        values = {**chosen, "launcher": {"kind": launcher, "runPolicy": {"kueueQueue": "lq", "volcanoQueue": "vq"}}}
+        values["launcher"]["runPolicy"]["minAvailable"] = 2
+        path = tmp_path / f"{launcher}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        helm = helm_template(tool("helm"), path, KUBE_VERSIONS[1])
+        assert helm.returncode == 0, helm.stderr
+        objects = parse(helm.stdout)
+        assert meaning(objects) == meaning(parse(render([str(path)], release=RELEASE)))
+        workload = next(o for o in objects.values() if o["kind"] in ("PyTorchJob", "Job", "JobSet", "TrainJob"))
+        assert workload["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "lq"
+        if launcher == "pytorchjob":
+            assert workload["spec"]["runPolicy"]["schedulingPolicy"] == {"queue": "vq", "minAvailable": 2}
+        for pod in trainer_pods(objects):
+            spec, box = pod["spec"], pod["spec"]["containers"][0]
+            assert pod["metadata"]["annotations"] == hatches["podAnnotations"]
+            assert pod["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "trainers"
+            assert spec["terminationGracePeriodSeconds"] == 300
+            if launcher != "trainjob":
+                assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+                assert spec["schedulerName"] == "volcano"
+                assert spec["topologySpreadConstraints"] == hatches["topologySpreadConstraints"]
+            assert box["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+            assert {"name": "rdma", "mountPath": "/dev/infiniband"} in box["volumeMounts"]
+            assert {"name": "rdma", "hostPath": {"path": "/dev/infiniband"}} in spec["volumes"]
+        for obj in objects.values():
+            if (obj["apiVersion"], obj["kind"]) in k8s_checks.CRD_FILES:
+                assert not k8s_checks.crd_problems(obj)
+            else:
+                kubernetes_validate.validate(obj, VALIDATE_VERSIONS[-1], strict=True)
+
+
+def test_notes_and_readme_state_version_requirements_and_upgrade_behaviour(tmp_path):
+    notes = {}
+    for launcher in LAUNCHERS:
+        path = tmp_path / f"{launcher}.yaml"
+        path.write_text(yaml.safe_dump({"launcher": {"kind": launcher}}))
+        result = subprocess.run(
+            [tool("helm"), "install", RELEASE, str(CHART), "-f", str(path), "--dry-run=client"],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr
+        notes[launcher] = result.stdout.split("NOTES:", 1)[1]
+    assert "Kubeflow Trainer v2.2" in notes["trainjob"]
+    for launcher in ("indexedjob", "jobset", "trainjob"):
+        assert "helm upgrade cannot change" in notes[launcher]
+    readme = (ROOT / "README.md").read_text()
+    assert "Kubeflow Trainer v2.2" in readme and "helm upgrade cannot change" in readme
+
+
+def test_the_tests_read_nothing_outside_the_repository():
+    outside = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        text = path.read_text() if path != Path(__file__) else ""
+        if "parents[2]" in text or '"shared"' in text or "/work/" in text:
+            outside.append(path.name)
+    assert not outside, outside
+    assert {p.name for p in (ROOT / "tests" / "crds").glob("*.yaml")} == set(k8s_checks.CRD_FILES.values()) | {
+        "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+        "trainer.kubeflow.org_trainingruntimes.yaml",
+    }

@@ -94,6 +94,65 @@ def test_the_charts_fill_pod_copies_the_bucket_named_in_its_rendered_config(gs_s
         assert (tmp_path / "volume" / path.name).read_bytes() == path.read_bytes()
 
 
+@contextlib.contextmanager
+def read_only_directory(path: Path):
+    """A directory nothing can write, like a path on a pod's read-only root filesystem."""
+    path.mkdir()
+    if os.geteuid() != 0:  # permissions bind a normal user; root needs a read-only mount
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+        return
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+def test_a_checkpoint_upload_in_a_chart_pod_writes_only_under_its_volumes(emulator, tmp_path):
+    """32 MiB and more go up as resumable sessions whose record used to land in ~/.cache: on the chart's
+    read-only root that upload failed. The pod's environment now points every such path at a volume."""
+    import yaml
+
+    from chartkit.render import render
+    from imagenet_train.deployment import WRITABLE_ENV, plan, pod_environment
+
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes(os.urandom(40 * 1024 * 1024))
+    url = f"gs://{BUCKET}/pods"
+    with read_only_directory(tmp_path / "home") as home:
+        bare = {k: v for k, v in os.environ.items() if k not in WRITABLE_ENV} | {"HOME": str(home)}
+        before = subprocess.run(
+            [sys.executable, "-m", "imagenet_train.cli", "upload", str(checkpoint.parent), url],
+            env=bare,
+            capture_output=True,
+            text=True,
+        )
+        assert before.returncode == 1, before.stderr  # at once: a read-only disk is not an outage to wait out
+        assert before.stderr == f"imagenet-train: error: {home}/.cache: Read-only file system\n"
+        values = tmp_path / "values.yaml"
+        values.write_text(yaml.safe_dump({"results": {"bucket": f"gs://{BUCKET}/runs"}}))
+        config = next(
+            o for o in yaml.safe_load_all(render([str(values)], release="r")) if o and o["kind"] == "ConfigMap"
+        )
+        pod = pod_environment(plan(yaml.safe_load(config["data"]["deployment.yaml"])), bare)
+        volumes = {"/tmp": tmp_path / "scratch", "/results": tmp_path / "results"}  # the pod's emptyDirs, here
+        for name in WRITABLE_ENV:
+            mount = next(m for m in volumes if pod[name] == m or pod[name].startswith(m + "/"))
+            pod[name] = str(volumes[mount]) + pod[name][len(mount) :]
+        after = subprocess.run(
+            [sys.executable, "-m", "imagenet_train.cli", "upload", str(checkpoint.parent), url],
+            env=pod,
+            capture_output=True,
+            text=True,
+        )
+        assert after.returncode == 0, after.stderr
+    assert gcs.file_crc32c(str(checkpoint)) == gcs.stat(f"{url}/checkpoint.pt").crc32c
+    assert list((tmp_path / "results" / ".upload-sessions").iterdir()) == []  # the finished session is gone
+
+
 def test_a_checksum_mismatch_after_upload_is_an_error(emulator, tmp_path, monkeypatch):
     path = tmp_path / "a.bin"
     path.write_bytes(b"abc" * 1000)

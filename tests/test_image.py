@@ -21,7 +21,7 @@ from imagenet_train.serve import NginxServer
 from conftest import REPO, SMALL_TRAIN, read_metrics
 
 STAGE0 = "localhost/imagenet-train-stage0:bookworm"
-TESTBASE = "localhost/imagenet-train-testbase:torch2.13.0"
+TESTBASE = "localhost/imagenet-train-testbase:torch2.13.0-nvidia-entrypoint"
 IMAGE = "localhost/imagenet-train:image-test"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CONTAINERS_CONF = """\
@@ -157,6 +157,14 @@ def test_image_help_runs_as_non_root(podman):
     result = run(podman, IMAGE, "--help")
     assert "usage: imagenet-train" in result.stdout
     assert run(podman, "--entrypoint", "id", IMAGE, "-u").stdout.strip() == "10001"
+
+
+def test_nvidia_entrypoint_runs_first_then_imagenet_train(podman):
+    entrypoint = podman("image", "inspect", IMAGE, "--format", "{{json .Config.Entrypoint}}").stdout
+    assert json.loads(entrypoint) == ["/usr/local/bin/imagenet-train-entrypoint"]
+    result = run(podman, IMAGE, "--help", check=False)
+    assert "nvidia_entrypoint.sh (stand-in): CUDA forward compatibility checked" in result.stderr
+    assert result.returncode == 0 and "usage: imagenet-train" in result.stdout, result.stdout
 
 
 def test_image_runs_the_chart_probe_under_the_charts_restricted_security_context(podman, shard_server):

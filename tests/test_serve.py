@@ -55,3 +55,11 @@ def test_server_serves_ranges_and_cleans_up_its_state_dir(digit_shards):
         assert response.read() == (digit_shards / name).read_bytes()[100:200]
         assert (state / "nginx.conf").read_text().count(f"listen 127.0.0.1:{server.port};") == 1
     assert not state.exists()
+
+
+def test_health_checks_are_answered_from_memory_even_with_an_empty_volume(tmp_path):
+    """The chart's probes hit /healthz: a constant answer, no directory listing, whatever the volume holds."""
+    empty = tmp_path / "volume"
+    empty.mkdir()
+    with NginxServer(str(empty)) as server, urllib.request.urlopen(f"{server.url}/healthz", timeout=10) as answer:
+        assert answer.status == 200 and answer.read() == b"ok\n"

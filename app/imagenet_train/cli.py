@@ -135,11 +135,10 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 def _deployment(path: str) -> dict:
     """The chart's deployment.yaml; its storage environment is applied where the pod's own env is silent."""
     from .config import read_mapping
-    from .deployment import storage_env
+    from .deployment import WRITABLE_ENV, storage_env
 
     document = read_mapping(path, "--deployment")
-    for name, value in storage_env(document, document["name"]).items():
-        os.environ.setdefault(name, value)
+    os.environ.update({**storage_env(document, document["name"]), **os.environ, **WRITABLE_ENV})
     return document
 
 
@@ -322,11 +321,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     nproc, wait_for, wait_timeout = args.nproc_per_node, args.wait_for, args.wait_timeout
     if args.deployment:
-        from .deployment import plan
+        from .deployment import plan, pod_environment
 
         deployment = plan(_deployment(args.deployment))
-        for name, value in deployment.env.items():
-            os.environ.setdefault(name, value)  # what the pod's own env sets wins
+        os.environ.update(pod_environment(deployment, os.environ))
         nproc = nproc or str(deployment.nproc)
         wait_for, wait_timeout = wait_for or deployment.wait_for, deployment.wait_timeout
         if program[:1] == ["train"]:
@@ -643,6 +641,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Preempted as stop:
         return stop.exit_code
+    except OSError as error:
+        if error.filename is None:
+            raise
+        # This machine's files (a read-only or full disk): one line naming the path, not a traceback.
+        print(f"imagenet-train: error: {error.filename}: {error.strerror}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -25,6 +25,16 @@ OWNED = frozenset({"shards", "train_urls", "val_urls", "train_samples", "run_dir
 RESULTS_MOUNT = "/results"
 CACHE_MOUNT = "/cache"
 GCP_SECRET_MOUNT = "/var/run/secrets/gcp"
+SCRATCH_MOUNT = "/tmp"  # the pods' writable scratch (an emptyDir); their root filesystem is read-only
+
+# Where programs in a pod write on their own (HOME for ~/.triton, ~/.config; caches; resumable-upload
+# records): under declared volumes, never the read-only root. Upload records sit on the results volume,
+# so a checkpoint upload cut off by a pod restart resumes when that volume is a claim.
+WRITABLE_ENV = {
+    "HOME": SCRATCH_MOUNT,
+    "XDG_CACHE_HOME": f"{SCRATCH_MOUNT}/.cache",
+    "IMAGENET_TRAIN_UPLOAD_SESSIONS": f"{RESULTS_MOUNT}/.upload-sessions",
+}
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,12 @@ def settings_flags(settings: Mapping[str, Any]) -> list[str]:
         else:
             flags += [flag(name), str(value)]
     return flags
+
+
+def pod_environment(deployment: Deployment, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment `launch` runs torchrun with: the pod's own variables win, except the writable paths
+    (the container runtime always sets HOME, to a directory on the read-only root)."""
+    return {**deployment.env, **environ, **WRITABLE_ENV}
 
 
 def plan(document: Mapping[str, Any]) -> Deployment:

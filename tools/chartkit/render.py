@@ -53,7 +53,7 @@ def helpers(values: dict, chart: dict, release: str, chart_dir: Path) -> dict[st
         "app.kubernetes.io/version": str(chart["appVersion"]),
         "app.kubernetes.io/managed-by": "Helm",
     }
-    queue = v["launcher"]["runPolicy"].get("queue")
+    queue = v["launcher"]["runPolicy"].get("kueueQueue")
     sa = v["serviceAccount"]
     sa_name = (sa["name"] or fullname) if sa["create"] else (sa["name"] or "default")
     return {

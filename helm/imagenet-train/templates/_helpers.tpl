@@ -49,7 +49,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{- define "imagenet-train.queueLabel" -}}
-{{- with .Values.launcher.runPolicy.queue }}
+{{- with .Values.launcher.runPolicy.kueueQueue }}
 kueue.x-k8s.io/queue-name: {{ . }}
 {{- end }}
 {{- end }}

@@ -8,6 +8,14 @@ capabilities:
   drop: [ALL]
 {{- end }}
 
+{{- define "imagenet-train.trainerSecurityContext" -}}
+{{- include "imagenet-train.containerSecurityContext" . }}
+{{- with .Values.addCapabilities }}
+  add:
+    {{- toYaml . | nindent 4 }}
+{{- end }}
+{{- end }}
+
 {{- define "imagenet-train.podSecurityContext" -}}
 runAsNonRoot: true
 runAsUser: 10001
@@ -47,6 +55,9 @@ seccompProfile:
   mountPath: /var/run/secrets/gcp
   readOnly: true
 {{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "imagenet-train.volumes" -}}
@@ -76,6 +87,9 @@ seccompProfile:
   secret:
     secretName: {{ .Values.gcp.credentialsSecret }}
 {{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* Scheduling and identity fields of the training pod (every launcher but trainjob takes them whole). */}}
@@ -102,6 +116,31 @@ affinity:
 {{- end }}
 {{- with .Values.priorityClassName }}
 priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.schedulerName }}
+schedulerName: {{ . }}
+{{- end }}
+{{- if .Values.hostNetwork }}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
+{{- end }}
+
+{{/* Labels and annotations of the training pods' metadata. */}}
+{{- define "imagenet-train.trainPodMetadata" -}}
+labels:
+  {{- include "imagenet-train.selectorLabels" . | nindent 2 }}
+  app.kubernetes.io/component: trainer
+  {{- with .Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .Values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
 
@@ -132,7 +171,7 @@ containers:
     resources:
       {{- toYaml $root.Values.resources | nindent 6 }}
     securityContext:
-      {{- include "imagenet-train.containerSecurityContext" $root | nindent 6 }}
+      {{- include "imagenet-train.trainerSecurityContext" $root | nindent 6 }}
     volumeMounts:
       {{- include "imagenet-train.volumeMounts" $root | nindent 6 }}
 volumes:
