@@ -219,18 +219,8 @@ def _plan_setup(args: argparse.Namespace) -> None:
         sizes = [args.samples_per_shard] * args.nshards
     else:
         raise ImagenetTrainError("plan: give --shards INDEX, --shard-sizes, or --nshards with --samples-per-shard")
-    setup = plan.Setup(
-        shard_sizes=tuple(sizes),
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        workers=args.workers,
-        batch_size=args.batch_size,
-        mode=args.mode,
-        epoch_batches=args.epoch_batches,
-        repeat=args.repeat,
-        join=args.join,
-        seed=args.seed,
-        epoch=args.epoch,
+    setup = plan.Setup.of(
+        args, args.seed, sizes, nodes=args.nodes, gpus_per_node=args.gpus_per_node, join=args.join, epoch=args.epoch
     )
     args.setup = (setup, urls)
 
@@ -247,7 +237,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from .simulate import simulate
 
         simulated = simulate(urls, setup)
-    if setup.mode == "queue":  # per-rank shares are dynamic: check that every sample was read once
+    if setup.mode is plan.Mode.QUEUE:  # per-rank shares are dynamic: check that every sample was read once
         got = sum(s.samples for s in simulated or [])
         mismatches = (
             [f"the queue gave {got} samples of {sum(setup.shard_sizes)}"]
@@ -276,11 +266,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         print(f"  rank {s.rank} worker {worker} opened: {' '.join(names) or '-'}")
             agreed = (
                 f"the queue handed out every sample exactly once over {setup.world} ranks"
-                if setup.mode == "queue"
+                if setup.mode is plan.Mode.QUEUE
                 else f"the real loaders gave exactly the planned batches on all {setup.world} ranks"
             )
             print("simulation: " + ("; ".join(mismatches) if mismatches else agreed))
-    return 1 if assessment.verdict.startswith("WILL HANG") or mismatches else 0
+    return 1 if assessment.hangs or mismatches else 0
 
 
 def _transfer(copies, copy, args: argparse.Namespace, verb: str) -> int:

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ImagenetTrainError
+from .plan import Mode
 from .settings import check, declared, flag, problem, setting
 
-MODES = ("resampled", "split", "queue")
+MODES = tuple(mode.value for mode in Mode)
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 DECODERS = ("simplejpeg", "fused", "pil", "dali")
 BROKEN_SHARD_POLICIES = ("skip", "fail")
@@ -176,7 +177,7 @@ class Config:
 
             if not dali_available():
                 raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")
-        if self.run.total_samples and data.mode != "resampled":
+        if self.run.total_samples and data.mode != Mode.RESAMPLED:
             raise ImagenetTrainError("--total-samples: needs --mode resampled (an endless stream of equal batches)")
         if data.loader_timeout and data.loader_timeout <= data.io_timeout:
             raise ImagenetTrainError(

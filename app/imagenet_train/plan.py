@@ -5,9 +5,27 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
 
 from .errors import ImagenetTrainError
+
+
+class Mode(str, Enum):
+    """How shards reach the ranks (the value is the --mode word)."""
+
+    RESAMPLED = "resampled"  # shards drawn at random: equal batches per rank by construction
+    SPLIT = "split"  # every sample once, shards split over ranks and workers; the step runs under Join
+    QUEUE = "queue"  # every sample once, shards handed out at run time to whichever rank is free
+
+
+class Verdict(str, Enum):
+    """The planner's judgement of a launch."""
+
+    OK = "OK"
+    WARN = "WARN"
+    HANG = "WILL HANG"
 
 
 def assigned(items: Sequence, index: int, count: int) -> list:
@@ -67,7 +85,7 @@ class Setup:
     gpus_per_node: int = 1
     workers: int = 8
     batch_size: int = 256
-    mode: str = "resampled"
+    mode: Mode = Mode.RESAMPLED
     epoch_batches: int = 0  # resampled: 0 is one pass over the data; split: 0 is every shard once, else a cut
     repeat: int = 1  # split: each worker reads its shard list this many times per epoch
     join: bool = True  # split mode: the step runs under torch.distributed Join (imagenet-train always does)
@@ -77,6 +95,19 @@ class Setup:
     @property
     def world(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "mode", Mode(self.mode))
+        except ValueError:
+            raise ImagenetTrainError(f"plan: --mode must be resampled, split or queue, got '{self.mode}'") from None
+
+    @classmethod
+    def of(cls, data: Any, seed: int, shard_sizes: Sequence[int], **given: Any) -> Setup:
+        """The one way a run's Setup is made: workers, batch_size, mode, epoch_batches and repeat come from
+        `data` (the training config's data section, or the `plan` command's options) unless `given`."""
+        taken = {name: getattr(data, name) for name in ("workers", "batch_size", "mode", "epoch_batches", "repeat")}
+        return cls(tuple(shard_sizes), seed=seed, **(taken | given))
 
 
 @dataclass(frozen=True)
@@ -98,16 +129,26 @@ class Assessment:
     samples_per_epoch: int  # what the ranks consume together
     dropped: int  # samples of the data not seen this epoch
     duplicated: int  # samples seen more than once this epoch (resampled: expected draws beyond the data)
-    verdict: str  # "OK", "WARN: ...", "WILL HANG: ..."
+    level: Verdict
+    reason: str  # why, for WARN and WILL HANG
     notes: tuple[str, ...]
     fix: str
+    verdict: str = field(init=False)  # "OK", "WARN: reason", "WILL HANG: reason": what people and --json read
+
+    def __post_init__(self) -> None:
+        text = self.level.value if self.level is Verdict.OK else f"{self.level.value}: {self.reason}"
+        object.__setattr__(self, "verdict", text)
+
+    @property
+    def hangs(self) -> bool:
+        return self.level is Verdict.HANG
 
 
 def rank_plans(setup: Setup) -> list[RankPlan]:
     """Each rank's shards, workers, samples and batches for one epoch of `setup` (no verdict)."""
     sizes = setup.shard_sizes
     ranks = []
-    if setup.mode == "resampled":
+    if setup.mode is Mode.RESAMPLED:
         batches = setup.epoch_batches or max(0, sum(sizes) // max(1, setup.batch_size * setup.world))
         for rank in range(setup.world):
             ranks.append(
@@ -116,7 +157,7 @@ def rank_plans(setup: Setup) -> list[RankPlan]:
                 )
             )
         return ranks
-    if setup.mode == "queue":
+    if setup.mode is Mode.QUEUE:
         # Shards go to whichever worker asks first: only the even share of each rank can be planned.
         for rank in range(setup.world):
             share = len(assigned(range(sum(sizes)), rank, setup.world))
@@ -143,45 +184,46 @@ def assess(setup: Setup) -> Assessment:
     """Per-rank shards and batches for one epoch, what is dropped or repeated, and whether DDP will hang."""
     if setup.world < 1 or setup.batch_size < 1 or setup.workers < 0:
         raise ImagenetTrainError("plan: nodes, gpus per node and batch size must be at least 1")
-    if setup.mode not in ("resampled", "split", "queue"):
-        raise ImagenetTrainError(f"plan: --mode must be resampled, split or queue, got '{setup.mode}'")
     if not setup.shard_sizes:
         raise ImagenetTrainError("plan: no shards")
     ranks = rank_plans(setup)
     total = sum(setup.shard_sizes)
     counts = [r.batches for r in ranks]
     notes: list[str] = []
-    verdict, fix = "OK", ""
-    if setup.mode == "resampled":
+    (level, reason), fix = (Verdict.OK, ""), ""
+    if setup.mode is Mode.RESAMPLED:
         consumed = counts[0] * setup.batch_size * setup.world
         dropped, duplicated = max(0, total - consumed), max(0, consumed - total)
         if counts[0] == 0:
-            verdict = f"WILL HANG: {total} samples cannot fill one batch of {setup.batch_size} on {setup.world} ranks"
+            level = Verdict.HANG
+            reason = f"{total} samples cannot fill one batch of {setup.batch_size} on {setup.world} ranks"
             fix = "lower --batch-size or set --epoch-batches"
         elif consumed > total:
-            verdict = f"WARN: an epoch draws {consumed} samples from {total}: {consumed - total} repeats per epoch"
+            level = Verdict.WARN
+            reason = f"an epoch draws {consumed} samples from {total}: {consumed - total} repeats per epoch"
             fix = f"--epoch-batches {total // (setup.batch_size * setup.world)} for one pass over the data"
         else:
             notes.append(
                 "resampled: shards are drawn with replacement, so some samples repeat and others wait "
                 "for a later epoch; every rank gets exactly the same number of batches"
             )
-        return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, verdict, tuple(notes), fix)
-    if setup.mode == "queue":
+        return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, level, reason, tuple(notes), fix)
+    if setup.mode is Mode.QUEUE:
         notes.append(
             "queue: shards are handed out at run time, so a rank's batches follow its speed; the "
             "counts above are even shares, every sample is read once"
         )
         if not setup.join and setup.world > 1:
-            verdict = "WILL HANG: queue mode gives ranks different batch counts and the step has no Join"
+            level, reason = Verdict.HANG, "queue mode gives ranks different batch counts and the step has no Join"
             fix = "run the step under Join (imagenet-train does) or use --mode resampled"
         elif len(setup.shard_sizes) < setup.world * max(setup.workers, 1):
-            verdict = (
-                f"WARN: {len(setup.shard_sizes)} shards for {setup.world * max(setup.workers, 1)} workers: "
+            level = Verdict.WARN
+            reason = (
+                f"{len(setup.shard_sizes)} shards for {setup.world * max(setup.workers, 1)} workers: "
                 "some workers never get a shard"
             )
             fix = "more, smaller shards (lower --maxcount)"
-        return Assessment(setup, tuple(ranks), total, 0, 0, verdict, tuple(notes), fix)
+        return Assessment(setup, tuple(ranks), total, 0, 0, level, reason, tuple(notes), fix)
     idle_ranks = [r.rank for r in ranks if not r.shards]
     idle_workers = [(r.rank, setup.workers - r.workers) for r in ranks if r.shards and r.workers < setup.workers]
     if idle_workers:
@@ -193,8 +235,9 @@ def assess(setup: Setup) -> Assessment:
     if setup.epoch_batches:
         return _assess_cut_split(setup, ranks, total, notes)
     if len(set(counts)) > 1 and not setup.join:
-        verdict = (
-            f"WILL HANG: ranks get {min(counts)}..{max(counts)} batches and the step has no Join; "
+        level = Verdict.HANG
+        reason = (
+            f"ranks get {min(counts)}..{max(counts)} batches and the step has no Join; "
             "DDP waits forever on the ranks that finished first"
         )
         fix = (
@@ -202,19 +245,19 @@ def assess(setup: Setup) -> Assessment:
             f"{min(counts)} batches (drops {sum(counts) - min(counts) * len(counts)} batches)"
         )
     elif idle_ranks:
-        verdict = (
-            f"WARN: {len(idle_ranks)} of {setup.world} ranks get no shard (first: rank {idle_ranks[0]}) "
-            "and idle all epoch"
+        level = Verdict.WARN
+        reason = (
+            f"{len(idle_ranks)} of {setup.world} ranks get no shard (first: rank {idle_ranks[0]}) and idle all epoch"
         )
         fix = f"make at least {setup.world} shards (smaller --maxcount) or use --mode resampled"
     elif len(set(counts)) > 1:
         waste = sum(max(counts) - c for c in counts)
-        verdict = (
-            f"WARN: ranks get {min(counts)}..{max(counts)} batches; Join shadows {waste} steps of the ranks "
-            "that finish first"
+        level = Verdict.WARN
+        reason = (
+            f"ranks get {min(counts)}..{max(counts)} batches; Join shadows {waste} steps of the ranks that finish first"
         )
         fix = "shards that divide evenly over ranks x workers, or --mode resampled"
-    return Assessment(setup, tuple(ranks), total, 0, 0, verdict, tuple(notes), fix)
+    return Assessment(setup, tuple(ranks), total, 0, 0, level, reason, tuple(notes), fix)
 
 
 def _assess_cut_split(setup: Setup, ranks: list[RankPlan], total: int, notes: list[str]) -> Assessment:
@@ -225,15 +268,18 @@ def _assess_cut_split(setup: Setup, ranks: list[RankPlan], total: int, notes: li
     dropped, duplicated = max(0, total - consumed), max(0, consumed - total)
     short = [r.rank for r, a in zip(ranks, available, strict=True) if a < target]
     if not short:
-        return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, "OK", tuple(notes), "")
+        return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, Verdict.OK, "", tuple(notes), "")
     per_repeat = min(available) / setup.repeat
     repeat = math.ceil(target / per_repeat) if per_repeat else 0
     fixes = [f"--epoch-batches {min(available)}"] + ([f"--repeat {repeat}"] if repeat else [])
     reason = f"{len(short)} ranks run out before --epoch-batches {target} (rank {short[0]} has {available[short[0]]})"
-    verdict = (
-        f"WILL HANG: {reason} and the step has no Join" if not setup.join else f"WARN: {reason}; Join evens them out"
+    level, reason = (
+        (Verdict.HANG, f"{reason} and the step has no Join")
+        if not setup.join
+        else (Verdict.WARN, f"{reason}; Join evens them out")
     )
-    return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, verdict, tuple(notes), " or ".join(fixes))
+    fix = " or ".join(fixes)
+    return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, level, reason, tuple(notes), fix)
 
 
 def format_assessment(assessment: Assessment, show_workers: bool = False) -> str:

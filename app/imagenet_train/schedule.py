@@ -54,22 +54,20 @@ class Schedule:
         """Steps in one epoch: every rank's in resampled mode, the longest rank's in split/queue mode."""
         if self.total_samples:
             return min(self.interval, self.total - epoch * self.interval)
-        if self.mode == "resampled":
+        if self.mode == plan.Mode.RESAMPLED:
             return self.epoch_batches_option or plan.resampled_epoch_batches(
                 self.train_samples, self.batch_size, self.world
             )
-        if self.train_sizes is None or self.mode == "queue":
+        if self.train_sizes is None or self.mode == plan.Mode.QUEUE:
             # Queue mode: ranks take what they can; an even share (plus a partial batch per worker).
             return max(1, math.ceil(self.train_samples / self.global_batch)) + (self.workers or 1)
-        setup = plan.Setup(
+        setup = plan.Setup.of(
+            self,
+            self.seed,
             self.train_sizes,
             gpus_per_node=self.world,
-            workers=self.workers,
-            batch_size=self.batch_size,
-            mode="split",
+            mode=plan.Mode.SPLIT,
             epoch_batches=self.epoch_batches_option,
-            repeat=self.repeat,
-            seed=self.seed,
             epoch=epoch,
         )
         return max(r.batches for r in plan.rank_plans(setup))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from . import plan
 from .data import ShardReading, ShardStream, batched, read_shards
+from .plan import Mode
 
 READING = ShardReading(io_timeout=0, on_broken="fail")  # the simulation reports damage rather than hiding it
 
@@ -42,7 +43,7 @@ def _stream(urls: list[str], setup: plan.Setup, rank: int, queue=None) -> ShardS
         batch_size=setup.batch_size,
         rank=rank,
         world=setup.world,
-        resampled=setup.mode == "resampled",
+        resampled=setup.mode is Mode.RESAMPLED,
         seed=setup.seed,
         epoch=setup.epoch,
         reading=READING,
@@ -82,13 +83,13 @@ def _recording(urls, opened: list[str]):
 
 def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
     """Batches and samples each virtual rank really gets in one epoch of `setup`."""
-    if setup.mode == "queue":
+    if setup.mode is Mode.QUEUE:
         return _simulate_queue(urls, setup)
     results = []
     for rank in range(setup.world):
         stream = _stream(urls, setup, rank)
         result = SimulatedRank(rank)
-        if setup.mode == "split":
+        if setup.mode is Mode.SPLIT:
             workers = plan.loader_workers(stream.rank_shards(), setup.workers)
             for worker in range(max(workers, 1)):
                 opened: list[str] = []

@@ -26,6 +26,7 @@ from .data import DataSource, EpochLoader, ShardReading, ShardStream, resolve_so
 from .data_wait import DataWait
 from .dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
 from .errors import ImagenetTrainError, Preempted
+from .plan import Mode
 from .position import KeyLog, Position, consumed_keys
 from .preempt import StepVote, StopRequest
 from .prefetch import device_batches
@@ -75,20 +76,9 @@ def preflight_check(cfg: Config, train_sizes: list[int] | None, world: int) -> p
     """The planner's verdict on `world` ranks training `cfg`; raises if they would hang (unless --force)."""
     if train_sizes is None:
         return None
-    data = cfg.data
-    setup = plan.Setup(
-        tuple(train_sizes),
-        nodes=1,
-        gpus_per_node=world,
-        workers=data.workers,
-        batch_size=data.batch_size,
-        mode=data.mode,
-        epoch_batches=data.epoch_batches,
-        repeat=data.repeat,
-        seed=cfg.run.seed,
-    )
+    setup = plan.Setup.of(cfg.data, cfg.run.seed, train_sizes, gpus_per_node=world)
     assessment = plan.assess(setup)
-    if assessment.verdict.startswith("WILL HANG") and not cfg.run.force:
+    if assessment.hangs and not cfg.run.force:
         raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
     return assessment
 
@@ -102,7 +92,7 @@ def shard_reading(cfg: Config, source: DataSource) -> ShardReading:
 def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Schedule, queue=None) -> EpochLoader:
     """This rank's training batches: equal counts per rank in resampled mode, every sample once otherwise."""
     data = cfg.data
-    exact = data.mode in ("split", "queue")
+    exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
     dali = data.decoder == "dali"  # workers hand over the JPEG bytes; DALI decodes them in the rank
     preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder)
     stream = ShardStream(
@@ -160,7 +150,7 @@ class Trainer:
         self.stop_signal = 0
         data, run = cfg.data, cfg.run
         # split and queue read every sample once per epoch, with uneven batch counts evened out by Join.
-        self.exact = data.mode in ("split", "queue")
+        self.exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
         self.run_dir = Path(run.run_dir)
         torch.manual_seed(run.seed)  # identical initial weights on every rank
         model = build_model(run.arch, source.num_classes).to(info.device)
@@ -210,7 +200,7 @@ class Trainer:
     def preflight(self) -> None:
         """The planner's check of this launch; every rank reaches the same verdict from the same inputs."""
         assessment = preflight_check(self.cfg, self.source.train_sizes, self.info.world)
-        if assessment and self.info.is_main and assessment.verdict != "OK":
+        if assessment and self.info.is_main and assessment.level is not plan.Verdict.OK:
             log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
 
     def batches(self, loader: EpochLoader, augment: DaliAugment) -> Iterable:
@@ -231,7 +221,7 @@ class Trainer:
 
     def _queue(self):
         """The run's shard queue in queue mode, under a name no earlier attempt of this run used."""
-        if self.cfg.data.mode != "queue":
+        if self.cfg.data.mode != Mode.QUEUE:
             return None
         generation = torch.randint(0, 2**62, (1,), dtype=torch.int64)
         if self.info.enabled:
@@ -324,7 +314,7 @@ class Trainer:
                 stream.resume_tag = f":resume{position.step}"
         else:
             # Split mode may be cut at --epoch-batches (every rank stops there); queue mode never is.
-            cut = self.cfg.data.mode == "split" and self.cfg.data.epoch_batches
+            cut = self.cfg.data.mode == Mode.SPLIT and self.cfg.data.epoch_batches
             self.train_loader.batches = self.cfg.data.epoch_batches - position.step if cut else None
             if position.step:
                 stream.skip_keys = frozenset(consumed_keys(self.run_dir, position))
