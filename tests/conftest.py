@@ -68,6 +68,14 @@ def write_image_folder(root: Path, classes: dict[str, int], val: dict[str, int] 
     return files
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test is `unit` (marked so: pure code, no processes, milliseconds) or else `integration`
+    (torchrun, nginx, helm, podman, emulators, DataLoader workers): `pytest -m unit` is the quick loop."""
+    for item in items:
+        if item.get_closest_marker("unit") is None:
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory) -> Path:
     """The demo's real-image dataset (scikit-learn digits) at 32 px, ImageNet layout."""

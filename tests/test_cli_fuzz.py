@@ -9,10 +9,13 @@ import argparse
 import contextlib
 import io
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from imagenet_train import cli
+
+pytestmark = pytest.mark.unit
 
 NASTY = ["-1", "-3.5", "0", "0.0", "1e308", "99999999999999999999", "", "abc", "no-such-choice", "nan", "-inf"]
 

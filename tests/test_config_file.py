@@ -24,6 +24,7 @@ def config_of(*argv: str) -> Config:
     return _config_from(build_parser().parse_args(["train", *argv]))
 
 
+@pytest.mark.unit
 def test_a_config_file_sets_what_it_names_and_flags_given_override_it(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("shards: /data/shards.json\nbatch_size: 64\nlr: 0.2\nhflip: false\nmode: split\n")
@@ -38,6 +39,7 @@ def test_a_config_file_sets_what_it_names_and_flags_given_override_it(tmp_path):
     assert cfg.run.epochs == defaults()["epochs"]  # neither names it: the declaration's default
 
 
+@pytest.mark.unit
 def test_a_runs_config_json_loads_back_to_the_same_settings(tmp_path):
     original = config_of("--shards", "/data/shards.json", "--batch-size", "48", "--no-hflip", "--seed", "7")
     resolved = json.loads(original.to_json())
@@ -68,6 +70,7 @@ def test_bad_config_files_are_one_line_errors_naming_the_file_and_key(tmp_path, 
     assert message.replace("CFG", str(path)) in result.stderr
 
 
+@pytest.mark.unit
 def test_global_batch_size_derives_each_ranks_batch_or_names_the_world_it_does_not_divide():
     cfg = config_of("--shards", "x", "--global-batch-size", "96")
     assert cfg.for_world(3).data.batch_size == 32 and cfg.for_world(1).data.batch_size == 96
@@ -96,6 +99,7 @@ def test_the_chart_schema_and_the_readme_reference_are_generated_from_the_declar
             jsonschema.validate(bad, train)
 
 
+@pytest.mark.unit
 def test_a_stale_schema_is_reported(tmp_path, monkeypatch):
     from chartkit import schema
 
@@ -107,6 +111,7 @@ def test_a_stale_schema_is_reported(tmp_path, monkeypatch):
     assert schema.chart_schema_text() != copy.read_text()
 
 
+@pytest.mark.unit
 def test_settings_as_flags_parse_back_to_the_same_config():
     chosen = {"lr": 0.25, "hflip": False, "channels_last": True, "mode": "queue", "epochs": 3, "arch": "resnet18"}
     cfg = config_of("--shards", "x", *settings_flags(chosen))
@@ -118,6 +123,7 @@ def test_settings_as_flags_parse_back_to_the_same_config():
     assert dataclasses.asdict(cfg) == dataclasses.asdict(expected)
 
 
+@pytest.mark.unit
 def test_the_charts_default_train_values_are_a_valid_config_file(tmp_path):
     values = yaml.safe_load((ROOT / "helm" / "imagenet-train" / "values.yaml").read_text())
     path = tmp_path / "train.yaml"

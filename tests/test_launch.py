@@ -8,12 +8,14 @@ from imagenet_train.launch import command, resolve
 from conftest import cli
 
 
+@pytest.mark.unit
 def test_plain_machine_is_a_standalone_single_node_run():
     launch = resolve({}, nproc="2")
     assert launch.launcher == "standalone"
     assert launch.torchrun == ["--standalone", "--nnodes=1", "--nproc_per_node=2"]
 
 
+@pytest.mark.unit
 def test_pytorchjob_static_uses_the_operator_master_and_node_rank():
     env = {
         "PET_NNODES": "2",
@@ -33,6 +35,7 @@ def test_pytorchjob_static_uses_the_operator_master_and_node_rank():
     ]
 
 
+@pytest.mark.unit
 def test_pytorchjob_elastic_uses_rendezvous_and_node_range():
     env = {
         "PET_NNODES": "2:4",
@@ -55,6 +58,7 @@ def test_pytorchjob_elastic_uses_rendezvous_and_node_range():
     ]
 
 
+@pytest.mark.unit
 def test_trainjob_sets_pet_master_variables():
     env = {
         "PET_NNODES": "3",
@@ -74,6 +78,7 @@ def test_trainjob_sets_pet_master_variables():
     ]
 
 
+@pytest.mark.unit
 def test_jobset_derives_pod_zero_hostname():
     env = {
         "JOBSET_NAME": "r50",
@@ -87,6 +92,7 @@ def test_jobset_derives_pod_zero_hostname():
     assert "--master_addr=r50-node-0-0.r50" in launch.torchrun and "--node_rank=1" in launch.torchrun
 
 
+@pytest.mark.unit
 def test_indexed_job_and_ngc():
     indexed = resolve({"JOB_COMPLETION_INDEX": "0", "NNODES": "4", "MASTER_ADDR": "r50-0.r50", "NPROC_PER_NODE": "8"})
     assert indexed.torchrun[:3] == ["--nnodes=4", "--node_rank=0", "--nproc_per_node=8"]
@@ -112,11 +118,13 @@ def test_indexed_job_and_ngc():
         ({"NGC_ARRAY_SIZE": "two", "NGC_GPUS_PER_NODE": "8", "NGC_MASTER_ADDR": "a"}, "NGC_ARRAY_SIZE='two'"),
     ],
 )
+@pytest.mark.unit
 def test_incomplete_environments_are_one_line_errors(env, message):
     with pytest.raises(ImagenetTrainError, match=message):
         resolve(env)
 
 
+@pytest.mark.unit
 def test_command_runs_the_cli_module_under_torchrun():
     argv = command(resolve({}, nproc="1"), ["train", "--epochs", "1"])
     assert argv[1:3] == ["-m", "torch.distributed.run"]

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from imagenet_train import plan
 from imagenet_train.errors import ImagenetTrainError
 
+pytestmark = pytest.mark.unit
+
 
 @given(
     nshards=st.integers(1, 60),

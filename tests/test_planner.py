@@ -63,6 +63,7 @@ def test_planned_batches_equal_what_the_real_loaders_give(
         assert opened == Counter(urls)  # every shard opened exactly once over all ranks and workers
 
 
+@pytest.mark.unit
 def test_flags_unequal_batches_without_join_as_a_hang():
     setup = plan.Setup((100,) * 10, nodes=1, gpus_per_node=4, workers=2, batch_size=32, mode="split", join=False)
     assessment = plan.assess(setup)
@@ -70,12 +71,14 @@ def test_flags_unequal_batches_without_join_as_a_hang():
     assert "stop every rank at" in assessment.fix
 
 
+@pytest.mark.unit
 def test_flags_fewer_shards_than_ranks_and_idle_workers():
     assessment = plan.assess(plan.Setup((100,) * 3, nodes=1, gpus_per_node=4, workers=8, batch_size=16, mode="split"))
     assert assessment.verdict.startswith("WARN: 1 of 4 ranks get no shard")
     assert any("fewer shards than --workers" in note for note in assessment.notes)
 
 
+@pytest.mark.unit
 def test_flags_an_epoch_longer_than_the_data():
     assessment = plan.assess(plan.Setup((100,) * 4, gpus_per_node=2, batch_size=50, epoch_batches=10))
     assert assessment.verdict.startswith("WARN: an epoch draws 1000 samples from 400")
@@ -127,11 +130,13 @@ def test_plan_json_and_bad_input():
     assert bad.returncode == 2 and "--shard-sizes: expected whole numbers >= 1" in bad.stderr
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("mode", ["split", "resampled"])
 def test_single_rank_plans_are_ok(mode):
     assert plan.assess(plan.Setup((64,) * 4, workers=2, batch_size=16, mode=mode)).verdict == "OK"
 
 
+@pytest.mark.unit
 def test_queue_mode_plan_and_its_hang_without_join():
     setup = plan.Setup((100,) * 8, gpus_per_node=2, workers=2, batch_size=32, mode="queue")
     assert plan.assess(setup).verdict == "OK"
@@ -141,6 +146,7 @@ def test_queue_mode_plan_and_its_hang_without_join():
     assert plan.assess(plan.Setup((100,) * 3, gpus_per_node=2, workers=2, mode="queue")).verdict.startswith("WARN")
 
 
+@pytest.mark.unit
 def test_flags_a_fixed_epoch_longer_than_the_data_and_suggests_repeat():
     setup = plan.Setup(
         (100,) * 10, gpus_per_node=4, workers=2, batch_size=32, mode="split", epoch_batches=10, join=False

@@ -5,6 +5,8 @@ import pytest
 from imagenet_train.config import Config
 from imagenet_train.schedule import Schedule
 
+pytestmark = pytest.mark.unit
+
 
 def schedule(**changes) -> Schedule:
     cfg = Config()

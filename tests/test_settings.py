@@ -7,6 +7,8 @@ from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.settings import declared, flag
 
+pytestmark = pytest.mark.unit
+
 
 def test_every_declared_setting_is_a_train_flag_with_its_help():
     train = build_parser()._subparsers._group_actions[0].choices["train"]

@@ -10,6 +10,8 @@ import pytest
 
 from imagenet_train import tarstream
 
+pytestmark = pytest.mark.unit
+
 
 def archive(members: dict[str, bytes], fmt: int) -> bytes:
     buffer = io.BytesIO()
