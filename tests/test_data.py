@@ -1,6 +1,8 @@
 """Loaders, driven one virtual rank at a time: exact epochs, resampled lengths, corrupt samples."""
 
 import io
+import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -224,3 +226,37 @@ def test_a_rank_killed_outright_takes_its_forkserver_and_workers_with_it(digit_s
     while any(_alive(pid) for pid in helpers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in helpers if _alive(pid)], "loader processes outlived their rank"
+
+
+def test_slurms_signal_to_every_loader_process_leaves_the_loader_and_its_helpers_working(digit_shards):
+    """Slurm sends SIGUSR1 to every process of a job step: the loader's helpers (forkserver, workers, and
+    multiprocessing's resource tracker) must leave it to the rank, which finishes and shuts down cleanly."""
+    script = (
+        "import signal, sys\n"
+        "from imagenet_train.data import EpochLoader, ShardStream, resolve_source\n"
+        "from imagenet_train.presets import ValPreset\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: None)  # the rank's own pre-emption handler\n"
+        f"source = resolve_source({str(digit_shards)!r})\n"
+        "stream = ShardStream(urls=source.train_urls, transform=ValPreset(24, 24).build(), batch_size=8)\n"
+        "loader = EpochLoader(stream, workers=2)\n"
+        "batches = iter(loader)\n"
+        "first = len(next(batches)[1])\n"
+        "print('running', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "print(first + sum(len(labels) for _, labels, _ in batches), flush=True)\n"
+        "loader.close()\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout.readline().strip() == "running"
+    helpers = _descendants(process.pid)
+    assert len(helpers) >= 4  # the resource tracker, the forkserver and two workers
+    for pid in [process.pid, *helpers]:
+        os.kill(pid, signal.SIGUSR1)
+    time.sleep(1)
+    assert all(_alive(pid) for pid in helpers)
+    stdout, stderr = process.communicate("go\n", timeout=120)
+    assert process.returncode == 0, stderr
+    assert int(stdout) == 1438  # every sample of the epoch
+    assert "resource_tracker" not in stderr and "Traceback" not in stderr, stderr

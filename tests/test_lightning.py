@@ -17,7 +17,7 @@ import torch
 from imagenet_train.cli import train_config
 from imagenet_train.errors import ImagenetTrainError
 
-from conftest import REPO
+from conftest import REPO, jpeg_bytes
 
 # tools/demo.py's recipe.
 DEMO_TRAIN = [
@@ -74,3 +74,37 @@ def test_the_data_module_gives_lightning_sized_epochs_without_a_sampler(digit_sh
     batches = data.train_dataloader()
     assert isinstance(batches, EpochBatches) and not isinstance(batches, torch.utils.data.DataLoader)
     assert len(batches) == 3 and [len(labels) for _, labels, _ in batches] == [32, 32, 32]
+
+
+def test_each_rank_of_the_data_module_crops_differently_as_under_train(tmp_path):
+    """Lightning starts every rank from one torch seed (the model's); the ranks must still draw their own crops.
+
+    All images are one picture, so two ranks' batches are equal exactly when their crops are."""
+    from types import SimpleNamespace
+
+    from imagenet_train.lightning_adapter import ShardDataModule
+    from imagenet_train.shards import ShardOptions, convert
+
+    folder = tmp_path / "raw" / "train" / "n00000001"
+    folder.mkdir(parents=True)
+    picture = jpeg_bytes(7, size=(48, 40))
+    for i in range(64):
+        (folder / f"n00000001_{i}.JPEG").write_bytes(picture)
+    convert(str(tmp_path / "raw"), str(tmp_path / "shards"), ShardOptions(maxcount=32), progress=False)
+    cfg = train_config(
+        ["--shards", str(tmp_path / "shards"), "--image-size", "24", "--batch-size", "16", "--workers", "1"]
+        + ["--epoch-batches", "1", "--min-crop-scale", "0.2"]
+    )
+    batches = []
+    for rank in (0, 1):
+        torch.manual_seed(cfg.run.seed)  # each rank's process after ImagenetModule built the model
+        data = ShardDataModule(cfg)
+        data.trainer = SimpleNamespace(
+            world_size=2, global_rank=rank, local_rank=rank, current_epoch=0,
+            strategy=SimpleNamespace(root_device=torch.device("cpu")),
+        )  # fmt: skip
+        data.setup("fit")
+        images, _, _ = next(iter(data.train_dataloader()))
+        data.train_batches.close()
+        batches.append(images)
+    assert not torch.equal(batches[0], batches[1])

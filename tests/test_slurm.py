@@ -121,7 +121,7 @@ def test_the_sbatch_script_starts_one_launch_per_node_and_stops_cleanly_on_the_s
         "--account=vision",
     ]
     assert (
-        "srun --ntasks-per-node=1 /opt/venv/bin/imagenet-train launch --nproc-per-node 8 -- "
+        "srun --unbuffered --ntasks-per-node=1 /opt/venv/bin/imagenet-train launch --nproc-per-node 8 -- "
         "train --shards http://s/shards.json --epochs 90\n" in text
     )
     assert "requeue" not in text

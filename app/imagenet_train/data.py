@@ -237,12 +237,32 @@ def worker_context() -> multiprocessing.context.BaseContext:
     """
     context = multiprocessing.get_context("forkserver")
     if not _preloaded:
+        start_resource_tracker()
         context.set_forkserver_preload(["imagenet_train.loader_signals", __name__])
         _preloaded.append(True)
     return context
 
 
 _preloaded: list = []
+
+
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker deaf to SIGUSR1, as it already is to SIGINT and SIGTERM.
+
+    Slurm sends its pre-emption signal to every process of a job step: a tracker killed by it is relaunched
+    while the rank shuts its loaders down, prints a KeyError traceback per semaphore and can no longer clean
+    up. A signal blocked while the tracker starts stays blocked in it (the mask survives fork and exec).
+    """
+    from multiprocessing import resource_tracker
+
+    if not hasattr(signal, "pthread_sigmask"):
+        resource_tracker.ensure_running()
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from .dist import DistInfo
 from .errors import ImagenetTrainError
 from .presets import normalize
 from .schedule import Schedule
-from .train import build_model, parameter_groups, preflight_check, train_loader, val_loader
+from .train import build_model, parameter_groups, preflight_check, seed_augmentation, train_loader, val_loader
 
 
 def refuse_uneven_modes(cfg: Config) -> None:
@@ -76,6 +76,8 @@ class ShardDataModule(lightning.LightningDataModule):
         preflight_check(self.cfg, self.source.train_sizes, world)
         self.schedule = Schedule.of(self.cfg, self.source.train_samples, self.source.train_sizes, world)
         info = DistInfo(trainer.global_rank, world, trainer.local_rank, trainer.strategy.root_device)
+        # Every rank built the model from the same seed; from here each crops differently, as under `train`.
+        seed_augmentation(self.cfg.run.seed, trainer.global_rank)
         self.train_batches = train_loader(self.cfg, info, self.source, self.schedule)
         self.val_batches = val_loader(self.cfg, info, self.source)
 

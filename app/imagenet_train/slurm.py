@@ -170,7 +170,9 @@ def batch_script(job: BatchJob) -> str:
         "# SLURM_* (nodes, node rank, first node, GPUs) to torchrun. Training stops cleanly on SIGUSR1/SIGTERM.",
         "set -uo pipefail",
         # No --kill-on-bad-exit: after a pre-emption the node that stops first would cut off rank 0's checkpoint.
-        "srun --ntasks-per-node=1 " + shlex.join(launch),
+        # --unbuffered: progress bars reach the output file as they update; srun otherwise holds back a line until
+        # its newline, so an epoch's bar would show only once the epoch ended.
+        "srun --unbuffered --ntasks-per-node=1 " + shlex.join(launch),
         "status=$?",
     ]
     if job.requeue:

@@ -52,6 +52,20 @@ def build_model(arch: str, num_classes: int) -> torch.nn.Module:
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
 
 
+def augmentation_seed(seed: int, rank: int) -> int:
+    """The seed of a rank's augmentation: each rank draws its own crops, reproducibly."""
+    return seed + 1000 * rank
+
+
+def seed_augmentation(seed: int, rank: int) -> None:
+    """Seed this process's torch RNG for `rank`'s augmentation (in-process, and the DataLoader workers' seeds).
+
+    Call it after the model is built from the shared seed: every rank must start with the same weights but
+    crop differently, or both halves of each global batch get the same crops.
+    """
+    torch.manual_seed(augmentation_seed(seed, rank))
+
+
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on weights only: not on biases and normalisation parameters."""
     decay, no_decay = [], []
@@ -162,7 +176,7 @@ class Trainer:
         if info.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed input shapes: pick the fastest kernels once
         self.forward = self._compiled() if run.compile else self.ddp
-        torch.manual_seed(run.seed + 1000 * info.rank)  # different augmentation per rank
+        seed_augmentation(run.seed, info.rank)
         self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
         self.global_batch, self.base_lr = self.schedule.global_batch, self.schedule.base_lr
         self.optimizer = torch.optim.SGD(
@@ -215,7 +229,7 @@ class Trainer:
                 self.cfg.data.batch_size,
                 self.info.device,
                 threads=max(self.cfg.data.workers, 1),
-                seed=self.cfg.run.seed + 1000 * self.info.rank,
+                seed=augmentation_seed(self.cfg.run.seed, self.info.rank),
             )
         return device_batches(self.dali[loader], self.info.device)
 
