@@ -130,19 +130,25 @@ def bare(shards: Path, decoder: str, limit: int = 600) -> float:
 
 
 def run(images: Path, shards: Path, workers: int, repeats: int = 3) -> dict:
-    """P1 and P2 side by side, interleaved, best of `repeats` each (other tenants only ever slow a run down)."""
+    """P1 and P2 side by side, interleaved, best of `repeats` each (other tenants only ever slow a run down).
+
+    Within a round, what a ratio compares runs back to back (ours, ImageFolder, DALI; ours uint8, DALI uint8),
+    so each round's own ratios (in `runs`) see nearly the same load.
+    """
     torch.set_num_threads(1)
+    dali = dali_available()
     measures = {
+        "ours_simplejpeg": lambda: ours(shards, workers, "simplejpeg"),
         "baseline": lambda: baseline(images, workers),
+        **({"dali_cpu": lambda: dali_peer(shards, workers)} if dali else {}),
+        "ours_uint8_simplejpeg": lambda: ours(shards, workers, "simplejpeg", normalized=False),
+        **({"dali_cpu_uint8": lambda: dali_peer(shards, workers, normalized=False)} if dali else {}),
+        "bare_simplejpeg": lambda: bare(shards, "simplejpeg"),
+        "ours_fused": lambda: ours(shards, workers, "fused"),
+        "ours_uint8_fused": lambda: ours(shards, workers, "fused", normalized=False),
+        "bare_fused": lambda: bare(shards, "fused"),
         "bare_pil_baseline_transform": lambda: _bare_baseline(images),
     }
-    if dali_available():
-        measures["dali_cpu"] = lambda: dali_peer(shards, workers)
-        measures["dali_cpu_uint8"] = lambda: dali_peer(shards, workers, normalized=False)
-    for decoder in ("simplejpeg", "fused"):
-        measures[f"ours_{decoder}"] = lambda d=decoder: ours(shards, workers, d)
-        measures[f"bare_{decoder}"] = lambda d=decoder: bare(shards, d)
-        measures[f"ours_uint8_{decoder}"] = lambda d=decoder: ours(shards, workers, d, normalized=False)
     runs: dict[str, list[float]] = {name: [] for name in measures}
     for _ in range(repeats):
         for name, measure in measures.items():
