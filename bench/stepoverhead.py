@@ -1,0 +1,130 @@
+"""Host-side step overhead and first-batch wait per epoch on CPU, through the trainer's own epoch loop.
+
+Runs `Trainer.train_epoch` (resampled mode, the default) and splits each step's wall time into the model's
+forward (with the loss) and backward, and everything else: getting the next batch (waiting on the workers,
+plus any batching in the training process), the copy and normalisation, the optimizer, and the loop's
+bookkeeping (LR, loss sum, progress bar, pre-emption vote). Steps are measured from one batch's hand-over
+to the next, so an epoch's start and end are left out; each epoch's start is its first-batch wait: from
+calling `train_epoch` to having the first batch. Runs against whichever imagenet_train is on PYTHONPATH,
+so the same script measures the code before and after a change (bench/epochs.py runs both).
+
+  PYTHONPATH=app python bench/stepoverhead.py SHARDS [--arch resnet18 --size 32 --batch 32 --workers 2
+                                                      --epochs 3 --batches 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+
+from imagenet_train import data
+from imagenet_train.config import Config
+from imagenet_train.dist import DistInfo
+from imagenet_train.train import Trainer
+
+
+class Spans:
+    """(start, end) of every call of the wrapped functions, to sum those inside a window later."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float]] = []
+
+    def wrap(self, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spans.append((start, time.perf_counter()))
+
+        return timed
+
+    def open(self, *_) -> None:
+        self.spans.append((time.perf_counter(), 0.0))
+
+    def close(self, *_) -> None:
+        self.spans[-1] = (self.spans[-1][0], time.perf_counter())
+
+    def within(self, start: float, end: float) -> float:
+        """Seconds spent in calls that began at or after `start` and ended by `end`."""
+        return sum(b - a for a, b in self.spans if a >= start and 0 < b <= end)
+
+
+def instrument(trainer: Trainer) -> dict[str, Spans]:
+    """Time the model's forward and the loss, backward, the optimizer step and each batch hand-over."""
+    spans = {name: Spans() for name in ("forward", "backward", "optimizer", "batch")}
+    for module in (trainer.model, trainer.criterion):
+        module.register_forward_pre_hook(spans["forward"].open)
+        module.register_forward_hook(spans["forward"].close)
+    torch.Tensor.backward = spans["backward"].wrap(torch.Tensor.backward)
+    trainer.optimizer.step = spans["optimizer"].wrap(trainer.optimizer.step)
+    iterate = data.EpochLoader.__iter__
+
+    def handed_over(loader):
+        batches = iterate(loader)
+        while True:
+            start = time.perf_counter()
+            batch = next(batches, None)
+            if batch is None:
+                return
+            spans["batch"].spans.append((start, time.perf_counter()))
+            yield batch
+
+    data.EpochLoader.__iter__ = handed_over
+    return spans
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """First-batch wait per epoch and the mean step split into forward, backward and the host-side rest."""
+    torch.set_num_threads(1)
+    cfg = Config()
+    cfg.data.shards, cfg.data.image_size, cfg.data.val_resize = args.shards, args.size, args.size
+    cfg.data.batch_size, cfg.data.workers, cfg.data.epoch_batches = args.batch, args.workers, args.batches
+    cfg.run.arch, cfg.run.epochs, cfg.run.run_dir = args.arch, args.epochs, tempfile.mkdtemp(prefix="bench-step-")
+    trainer = Trainer(cfg.validate(), DistInfo(0, 1, 0, torch.device("cpu")), data.resolve_source(args.shards))
+    spans = instrument(trainer)
+    first_waits, windows = [], []
+    for epoch in range(args.epochs):
+        start, handed = time.perf_counter(), len(spans["batch"].spans)
+        trainer.train_epoch(epoch)
+        ends = [end for _, end in spans["batch"].spans[handed:]]
+        first_waits.append(ends[0] - start)
+        windows.append((ends[0], ends[-1], len(ends) - 1))  # a step per interval between hand-overs
+    close = getattr(trainer.train_loader, "close", None)
+    if close:
+        close()
+    steps = sum(n for _, _, n in windows)
+    per_step = {
+        name: 1e3 * sum(spans[name].within(a, b) for a, b, _ in windows) / steps
+        for name in ("forward", "backward", "optimizer")
+    }
+    per_step["step"] = 1e3 * sum(b - a for a, b, _ in windows) / steps
+    # A step's batch wait is the next batch's hand-over, which ends its interval (the first one starts it).
+    per_step["batch_wait"] = 1e3 * sum(spans["batch"].within(a, b) for a, b, _ in windows) / steps
+    per_step["outside"] = per_step["step"] - per_step["forward"] - per_step["backward"]
+    per_step["rest"] = per_step["outside"] - per_step["batch_wait"] - per_step["optimizer"]
+    return {
+        "first_batch_s": [round(w, 3) for w in first_waits],
+        "steps": steps,
+        **{f"{name}_ms": round(value, 2) for name, value in per_step.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shards")
+    parser.add_argument("--arch", default="resnet18")
+    parser.add_argument("--size", type=int, default=32, help="train crop (and evaluation) size")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=20, help="batches per epoch")
+    print(json.dumps(measure(parser.parse_args())), flush=True)
+
+
+if __name__ == "__main__":
+    main()
