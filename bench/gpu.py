@@ -16,9 +16,9 @@ import time
 import torch
 
 from imagenet_train.config import Config
-from imagenet_train.data import resolve_source
-from imagenet_train.dist import DistInfo
-from imagenet_train.train import Trainer
+from imagenet_train.loading.pipeline import resolve_source
+from imagenet_train.training.dist import DistInfo
+from imagenet_train.training.loop import Trainer
 
 
 def trainer_for(args: argparse.Namespace, batches: int) -> Trainer:

@@ -7,8 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from imagenet_train import storage
-from imagenet_train.serve import NginxServer
+from imagenet_train.io import storage
+from imagenet_train.ops.serve import NginxServer
 
 
 def opener(urls: list[str], rounds: int) -> float:

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.dali import available as dali_available
-from imagenet_train.data import EpochLoader, ShardStream, resolve_source
-from imagenet_train.presets import IMAGENET_MEAN, IMAGENET_STD, TrainPreset, normalize
+from imagenet_train.loading.dali import available as dali_available
+from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
+from imagenet_train.loading.presets import IMAGENET_MEAN, IMAGENET_STD, TrainPreset, normalize
 
 ensure_torchvision()
 from torch.utils.data import DataLoader  # noqa: E402

@@ -24,8 +24,8 @@ import httpread  # noqa: E402
 import loader  # noqa: E402
 import startup  # noqa: E402
 
-from imagenet_train.shards import ShardOptions  # noqa: E402
-from imagenet_train.shards import convert as make_shards  # noqa: E402
+from imagenet_train.datasets.convert import ShardOptions  # noqa: E402
+from imagenet_train.datasets.convert import convert as make_shards  # noqa: E402
 
 SECTIONS = ("P1_P2", "P3", "P4", "P5", "decode_parts", "epochs")
 # What each section owns in BENCHMARKS.md: its table rows (by their first cell) and its own heading.
@@ -78,7 +78,7 @@ def main() -> None:
         make_shards(str(images), str(shards), ShardOptions(maxcount=200, workers=args.workers), progress=False)
     digits = work / "digit-shards"
     if not (digits / "shards.json").exists():
-        from imagenet_train.demo import write_digits
+        from imagenet_train.datasets.digits import write_digits
 
         write_digits(work / "digits", size=32)
         make_shards(str(work / "digits"), str(digits), ShardOptions(maxcount=130), progress=False)

@@ -10,15 +10,15 @@ import sys
 import time
 from pathlib import Path
 
-from imagenet_train.serve import NginxServer
-from imagenet_train.shards import ShardOptions, convert
+from imagenet_train.datasets.convert import ShardOptions, convert
+from imagenet_train.ops.serve import NginxServer
 
 SHARDS = 1282
 
 CHILD = """
 import sys, time
-from imagenet_train.data import EpochLoader, ShardStream, resolve_source
-from imagenet_train.presets import TrainPreset
+from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
+from imagenet_train.loading.presets import TrainPreset
 source = resolve_source(sys.argv[1])
 stream = ShardStream(urls=source.train_urls, transform=TrainPreset(224).build(), batch_size=64, resampled=True)
 next(iter(EpochLoader(stream, int(sys.argv[2]), batches=10)))

@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from imagenet_train import data
 from imagenet_train.config import Config
-from imagenet_train.dist import DistInfo
-from imagenet_train.train import Trainer
+from imagenet_train.loading import pipeline as data
+from imagenet_train.training.dist import DistInfo
+from imagenet_train.training.loop import Trainer
 
 
 class Spans:

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imagenet_train.demo import write_digits
-from imagenet_train.serve import NginxServer
-from imagenet_train.shards import ShardOptions, convert
+from imagenet_train.datasets.convert import ShardOptions, convert
+from imagenet_train.datasets.digits import write_digits
+from imagenet_train.ops.serve import NginxServer
 
 REPO = Path(__file__).resolve().parents[1]
 # A small, quick training configuration for the digits; later options override these (argparse: last wins).

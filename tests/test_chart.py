@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from chartkit.render import render
-from imagenet_train.deployment import plan
+from imagenet_train.launchers.deployment import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "imagenet-train"
@@ -413,7 +413,7 @@ def test_bad_values_fail_in_helm_and_render_py_naming_the_field(tmp_path, values
     assert script.stderr.startswith(f"render.py: error: values: {field}") and script.stderr.count("\n") == 1
 
 
-# Rules JSON Schema cannot state: the pods' `launch`, render.py and ngc.py share imagenet_train.deployment.
+# Rules JSON Schema cannot state: the pods' `launch`, render.py and ngc.py share imagenet_train.launchers.deployment.
 RULES = [
     (
         {"launcher": {"nprocPerNode": 3}},
@@ -557,7 +557,7 @@ def trainer_pods(objects: dict) -> list[dict]:
 
 
 def test_every_path_a_training_pod_writes_is_on_a_declared_writable_volume(rendered):
-    from imagenet_train.deployment import WRITABLE_ENV
+    from imagenet_train.launchers.deployment import WRITABLE_ENV
 
     for entry, outputs in rendered.items():
         objects = outputs["render.py"]

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from imagenet_train.serve import free_port
+from imagenet_train.ops.serve import free_port
 
 from conftest import cli, write_image_folder
 

@@ -15,7 +15,7 @@ import yaml
 
 from imagenet_train.cli import _config_from, build_parser
 from imagenet_train.config import Config, defaults
-from imagenet_train.deployment import OWNED, settings_flags
+from imagenet_train.launchers.deployment import OWNED, settings_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 

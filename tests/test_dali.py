@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from imagenet_train.dali import DaliAugment, DaliDecoder, available, jpeg_bytes, pack_jpegs
-from imagenet_train.data import EpochLoader, ShardStream, resolve_source
-from imagenet_train.presets import RandomResizedCropFlip, decode_rgb
+from imagenet_train.loading.dali import DaliAugment, DaliDecoder, available, jpeg_bytes, pack_jpegs
+from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
+from imagenet_train.loading.presets import RandomResizedCropFlip, decode_rgb
 
 from conftest import SMALL_TRAIN, read_metrics, torchrun
 
@@ -111,7 +111,7 @@ def test_normalised_output_matches_the_uint8_output_normalised():
     samples = [(data, 0, "k")]
     ((raw, _, _),) = dali_batches(samples, DaliAugment(32, train=False, normalized=False), batch=1)
     ((normalised, _, _),) = dali_batches(samples, DaliAugment(32, train=False), batch=1)
-    from imagenet_train.presets import normalize
+    from imagenet_train.loading.presets import normalize
 
     assert normalised.dtype == torch.float32
     assert torch.allclose(normalize(raw), normalised, atol=1e-4)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from imagenet_train import gcs, storage
-from imagenet_train.data import EpochLoader, ShardReading, ShardStream, resolve_source
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.presets import ValPreset
-from imagenet_train.serve import free_port
+from imagenet_train.io import gcs, storage
+from imagenet_train.loading.pipeline import EpochLoader, ShardReading, ShardStream, resolve_source
+from imagenet_train.loading.presets import ValPreset
+from imagenet_train.ops.serve import free_port
 
 from conftest import SMALL_TRAIN, cli, local_service, read_metrics, torchrun
 
@@ -116,7 +116,7 @@ def test_a_checkpoint_upload_in_a_chart_pod_writes_only_under_its_volumes(emulat
     import yaml
 
     from chartkit.render import render
-    from imagenet_train.deployment import WRITABLE_ENV, plan, pod_environment
+    from imagenet_train.launchers.deployment import WRITABLE_ENV, plan, pod_environment
 
     checkpoint = tmp_path / "run" / "checkpoint.pt"
     checkpoint.parent.mkdir()
@@ -246,7 +246,7 @@ def test_node_local_cache_serves_the_second_epoch_from_disk(gs_shards, tmp_path)
 
 
 def test_results_uploader_mirrors_changes_and_reports_a_missing_bucket(emulator, tmp_path):
-    from imagenet_train.results import ResultsUploader
+    from imagenet_train.training.results import ResultsUploader
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

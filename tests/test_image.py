@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from imagenet_train.serve import NginxServer
+from imagenet_train.ops.serve import NginxServer
 
 from conftest import REPO, SMALL_TRAIN, read_metrics
 
@@ -190,7 +190,8 @@ def test_image_runs_the_chart_probe_under_the_charts_restricted_security_context
         "python3",
         IMAGE,
         "-c",
-        "import google.cloud.storage, imagenet_train.gcs, boto3; from imagenet_train.jpegcrop import available; "
+        "import google.cloud.storage, imagenet_train.io.gcs, boto3\n"
+        "from imagenet_train.loading.jpegcrop import available\n"
         "print('gcs ok' if available() else 'no libturbojpeg')",
         check=False,
     )

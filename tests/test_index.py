@@ -2,8 +2,8 @@
 
 import pytest
 
+from imagenet_train.datasets.index import brace, load_index
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.index import brace, load_index
 
 
 def test_brace_notation_compresses_consecutive_shards():

@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 import torch
 
-from imagenet_train.data import EpochLoader, ShardStream, resolve_source
-from imagenet_train.prefetch import device_batches
-from imagenet_train.presets import ValPreset, normalize, normalize_constants
+from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
+from imagenet_train.loading.prefetch import device_batches
+from imagenet_train.loading.presets import ValPreset, normalize, normalize_constants
 
 
 def shard_of_keys(urls: list[str]) -> dict[str, str]:

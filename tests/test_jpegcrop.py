@@ -11,12 +11,12 @@ import torch
 from PIL import Image
 from scipy import stats
 
-from imagenet_train import crops, jpegcrop
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Config
-from imagenet_train.data import EpochLoader, ShardStream, resolve_source
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.presets import TrainPreset, decode_rgb
+from imagenet_train.loading import crops, jpegcrop
+from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
+from imagenet_train.loading.presets import TrainPreset, decode_rgb
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402

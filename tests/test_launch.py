@@ -3,7 +3,7 @@
 import pytest
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.launch import command, resolve
+from imagenet_train.launchers.launch import command, resolve
 
 from conftest import cli
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imagenet_train.launch import resolve
+from imagenet_train.launchers.launch import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_NGC = ROOT / "tests" / "ngc"

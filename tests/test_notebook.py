@@ -11,8 +11,8 @@ from nbclient import NotebookClient
 from conftest import REPO
 
 SCRIPT = """
-from imagenet_train.data import EpochLoader, ShardStream, resolve_source
-from imagenet_train.presets import TrainPreset
+from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
+from imagenet_train.loading.presets import TrainPreset
 
 source = resolve_source({shards!r}, "", "", 0, 0, 3)
 stream = ShardStream(source.train_urls, TrainPreset(32, 0.5, False, "simplejpeg").build(), 32, resampled=True)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from imagenet_train import plan
-from imagenet_train.simulate import simulate
+from imagenet_train.loading.simulate import simulate
+from imagenet_train.planning import plan
 
 from conftest import cli
 

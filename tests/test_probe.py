@@ -7,7 +7,7 @@ import shutil
 import threading
 import time
 
-from imagenet_train.serve import NginxServer
+from imagenet_train.ops.serve import NginxServer
 
 from conftest import cli
 

@@ -142,7 +142,7 @@ def test_ray_command_needs_the_training_command(tmp_path):
 
 def test_ray_world_size_is_one_worker_per_gpu_unless_told():
     from imagenet_train.errors import ImagenetTrainError
-    from imagenet_train.ray_launch import RayOptions, world_size
+    from imagenet_train.launchers.ray_train import RayOptions, world_size
 
     assert world_size(RayOptions(), cluster_gpus=8) == (8, True)
     assert world_size(RayOptions(workers=2), cluster_gpus=8) == (2, True)
@@ -156,7 +156,7 @@ def test_ray_world_size_is_one_worker_per_gpu_unless_told():
 def test_a_process_group_set_up_by_the_launcher_is_used_and_left_open(tmp_path, monkeypatch):
     import torch.distributed as dist
 
-    from imagenet_train.dist import cleanup, init_distributed
+    from imagenet_train.training.dist import cleanup, init_distributed
 
     for name in ("RANK", "WORLD_SIZE"):  # Ray Train describes the group by the group itself
         monkeypatch.delenv(name, raising=False)

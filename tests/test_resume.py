@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from imagenet_train import plan
-from imagenet_train.position import Position, consumed_keys
+from imagenet_train.planning import plan
+from imagenet_train.planning.position import Position, consumed_keys
 
 from conftest import SMALL_TRAIN, child_pids, read_metrics, torchrun
 
@@ -65,7 +65,7 @@ def run_until_killed(args: list[str], run_dir: Path, tmp: Path, timeout: float =
 
 
 def _checkpoint_position(run_dir: Path) -> Position:
-    from imagenet_train.checkpoint import latest
+    from imagenet_train.training.checkpoint import latest
 
     state = torch.load(latest(str(run_dir)), map_location="cpu", weights_only=False)
     return Position.from_dict(state["position"])
@@ -114,7 +114,7 @@ def test_resampled_mode_resumed_mid_epoch_keeps_the_nominal_length(digit_shards,
 
 
 def test_newer_checkpoints_supersede_mid_epoch_ones(tmp_path):
-    from imagenet_train import checkpoint
+    from imagenet_train.training import checkpoint
 
     for epoch, step in [(0, 4), (0, 8), (1, None)]:
         path = checkpoint.checkpoint_path(str(tmp_path), epoch, step)

@@ -3,7 +3,7 @@
 import pytest
 
 from imagenet_train.config import Config
-from imagenet_train.schedule import Schedule
+from imagenet_train.planning.schedule import Schedule
 
 pytestmark = pytest.mark.unit
 
@@ -31,7 +31,7 @@ def test_total_samples_makes_equal_intervals_with_a_short_last_one():
 
 
 def test_split_epoch_length_is_the_longest_rank():
-    from imagenet_train import plan
+    from imagenet_train.planning import plan
 
     s = schedule(mode="split", workers=1)
     ranks = plan.rank_plans(plan.Setup((300, 300, 250, 150), gpus_per_node=2, workers=1, batch_size=16, mode="split"))

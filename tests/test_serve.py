@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from imagenet_train.serve import NginxServer, free_port
+from imagenet_train.ops.serve import NginxServer, free_port
 
 
 def _alive(pid: int) -> bool:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.launch import resolve
-from imagenet_train.slurm import BatchJob, batch_script, expand_nodelist
+from imagenet_train.launchers.launch import resolve
+from imagenet_train.launchers.slurm import BatchJob, batch_script, expand_nodelist
 
 from conftest import SMALL_TRAIN, cli, read_metrics
 

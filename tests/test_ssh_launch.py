@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.launch import resolve
-from imagenet_train.ssh_launch import Host, SshOptions, forwarded_environment, parse_hosts, remote_command
-from imagenet_train.ssh_node import descendants
+from imagenet_train.launchers.launch import resolve
+from imagenet_train.launchers.ssh import Host, SshOptions, forwarded_environment, parse_hosts, remote_command
+from imagenet_train.launchers.ssh_node import descendants
 
 from conftest import REPO, SMALL_TRAIN, cli, read_metrics
 

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from imagenet_train import storage
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.serve import free_port
+from imagenet_train.io import storage
+from imagenet_train.ops.serve import free_port
 
 
 def test_http_read_from_nginx_is_byte_identical(shard_server, digit_shards):
@@ -102,7 +102,7 @@ class _AISProxy(http.server.BaseHTTPRequestHandler):
 
 
 def test_ais_urls_use_the_object_api_and_follow_the_redirect_to_a_target(digit_shards, tmp_path, monkeypatch):
-    from imagenet_train.serve import NginxServer
+    from imagenet_train.ops.serve import NginxServer
 
     name = sorted(p.name for p in digit_shards.glob("*.tar"))[0]
     # A real nginx plays the AIS target, serving /v1/objects/<bucket>/<object> from a folder of that shape.

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from imagenet_train import tarstream
+from imagenet_train.io import tarstream
 
 pytestmark = pytest.mark.unit
 

@@ -11,10 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from imagenet_train.demo import write_digits
+from imagenet_train.datasets.convert import ShardOptions, convert
+from imagenet_train.datasets.digits import write_digits
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.serve import NginxServer
-from imagenet_train.shards import ShardOptions, convert
+from imagenet_train.ops.serve import NginxServer
 
 # Small images, a small network and mild crops: the digits are 8x8 at heart, and flips change them.
 TRAIN_ARGS = [

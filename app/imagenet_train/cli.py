@@ -12,8 +12,8 @@ import sys
 import time
 from typing import NoReturn
 
-from .errors import ImagenetTrainError, Preempted, one_line
-from .settings import choice, converter, declared, expectation, flag, number, text
+from imagenet_train.errors import ImagenetTrainError, Preempted, one_line
+from imagenet_train.settings import choice, converter, declared, expectation, flag, number, text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,7 +55,7 @@ def _add_settings(parser: argparse.ArgumentParser, section) -> None:
 
 def _config_from(args: argparse.Namespace):
     """Defaults, then the `--config` file's settings, then the flags given."""
-    from .config import Config, load_settings
+    from imagenet_train.config import Config, load_settings
 
     given = vars(args)
     chosen = load_settings(given["config_file"]) if given.get("config_file") else {}
@@ -73,7 +73,7 @@ def train_config(options: list[str]):
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
-    from .shards import ShardOptions, convert
+    from imagenet_train.datasets.convert import ShardOptions, convert
 
     options = ShardOptions(
         prefix=args.prefix,
@@ -93,7 +93,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
         output = args.staging or tempfile.mkdtemp(prefix="imagenet-train-shards-")
     document = convert(args.source, output, options, val_labels=args.val_labels, progress=not args.quiet)
     if output != args.output:
-        from .transfer import upload_tree
+        from imagenet_train.io.transfer import upload_tree
 
         sent = upload_tree(output, args.output)
         print(f"uploaded {sent} files from {output} to {args.output} (verified by CRC32C)")
@@ -116,7 +116,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from .index import brace, load_index
+    from imagenet_train.datasets.index import brace, load_index
 
     index = load_index(args.location)
     summary = {"index": index.location, "classes": len(index.classes), "splits": {}}
@@ -134,8 +134,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 def _deployment(path: str) -> dict:
     """The chart's deployment.yaml; its storage environment is applied where the pod's own env is silent."""
-    from .config import read_mapping
-    from .deployment import WRITABLE_ENV, storage_env
+    from imagenet_train.config import read_mapping
+    from imagenet_train.launchers.deployment import WRITABLE_ENV, storage_env
 
     document = read_mapping(path, "--deployment")
     os.environ.update({**storage_env(document, document["name"]), **os.environ, **WRITABLE_ENV})
@@ -143,11 +143,11 @@ def _deployment(path: str) -> dict:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from .probe import probe, wait_for
+    from imagenet_train.ops.probe import probe, wait_for
 
     location = args.location
     if args.deployment:
-        from .deployment import shards_url
+        from imagenet_train.launchers.deployment import shards_url
 
         document = _deployment(args.deployment)
         location = shards_url(document, document["name"])
@@ -163,14 +163,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .train import train
+    from imagenet_train.training.loop import train
 
     train(args.config)
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .serve import NginxServer
+    from imagenet_train.ops.serve import NginxServer
 
     with NginxServer(
         args.directory, host=args.host, port=args.port, workers=args.nginx_workers, access_log=args.access_log
@@ -189,7 +189,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_demo_data(args: argparse.Namespace) -> int:
-    from .demo import write_digits
+    from imagenet_train.datasets.digits import write_digits
 
     counts = write_digits(args.output, size=args.size, seed=args.seed)
     print(f"wrote {counts['train']} train and {counts['val']} val images to {args.output}")
@@ -198,11 +198,11 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 def _plan_setup(args: argparse.Namespace) -> None:
     """The planner's Setup from an index, a list of sizes or a count (stored on `args`)."""
-    from . import plan
+    from imagenet_train.planning import plan
 
     urls: list[str] = []
     if args.shards:
-        from .index import load_index
+        from imagenet_train.datasets.index import load_index
 
         index = load_index(args.shards)
         sizes, urls = index.sizes("train"), index.urls("train")
@@ -226,7 +226,7 @@ def _plan_setup(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from . import plan
+    from imagenet_train.planning import plan
 
     setup, urls = args.setup
     assessment = plan.assess(setup)
@@ -234,7 +234,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.simulate:
         if not urls:
             raise ImagenetTrainError("--simulate reads the real shards: give --shards INDEX")
-        from .simulate import simulate
+        from imagenet_train.loading.simulate import simulate
 
         simulated = simulate(urls, setup)
     if setup.mode is plan.Mode.QUEUE:  # per-rank shares are dynamic: check that every sample was read once
@@ -274,7 +274,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _transfer(copies, copy, args: argparse.Namespace, verb: str) -> int:
-    from .transfer import run
+    from imagenet_train.io.transfer import run
 
     todo = [c for c in copies if c.action == "copy"]
     size = sum(c.size for c in todo)
@@ -290,15 +290,15 @@ def _transfer(copies, copy, args: argparse.Namespace, verb: str) -> int:
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    from . import gcs
-    from .transfer import plan_upload
+    from imagenet_train.io import gcs
+    from imagenet_train.io.transfer import plan_upload
 
     return _transfer(plan_upload(args.directory, args.url, args.io_timeout), gcs.upload, args, "uploaded and verified")
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from . import gcs
-    from .transfer import plan_sync
+    from imagenet_train.io import gcs
+    from imagenet_train.io.transfer import plan_sync
 
     return _transfer(
         plan_sync(args.url, args.directory, args.io_timeout), gcs.download, args, "downloaded and verified"
@@ -306,12 +306,12 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from .launch import run
+    from imagenet_train.launchers.launch import run
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     nproc, wait_for, wait_timeout = args.nproc_per_node, args.wait_for, args.wait_timeout
     if args.deployment:
-        from .deployment import plan, pod_environment
+        from imagenet_train.launchers.deployment import plan, pod_environment
 
         deployment = plan(_deployment(args.deployment))
         os.environ.update(pod_environment(deployment, os.environ))
@@ -320,7 +320,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         if program[:1] == ["train"]:
             program = [*program, *deployment.train_flags]  # after --config: the deployment's places win
     if wait_for and not args.dry_run:
-        from .probe import wait_for as wait_for_shards
+        from imagenet_train.ops.probe import wait_for as wait_for_shards
 
         result = wait_for_shards(wait_for, wait_timeout)
         print(f"shards ready: {result.index} ({result.samples} train samples in {result.shards} shards)", flush=True)
@@ -328,8 +328,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_fill(args: argparse.Namespace) -> int:
-    from . import gcs
-    from .transfer import plan_sync
+    from imagenet_train.io import gcs
+    from imagenet_train.io.transfer import plan_sync
 
     fill = _deployment(args.deployment)["shards"]["nginx"]["fill"]
     args.workers, args.dry_run = int(fill["parallel"]), False
@@ -339,7 +339,7 @@ def cmd_fill(args: argparse.Namespace) -> int:
 
 
 def cmd_ray(args: argparse.Namespace) -> int:
-    from .ray_launch import RayOptions, run
+    from imagenet_train.launchers.ray_train import RayOptions, run
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if program[:1] != ["train"]:
@@ -357,7 +357,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .report import report
+    from imagenet_train.training.report import report
 
     table, written = report(Path(args.run_dir))
     print(table)
@@ -366,7 +366,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import DataConfig, OptimConfig, RunConfig
+    from imagenet_train.config import DataConfig, OptimConfig, RunConfig
 
     formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = _Parser(
@@ -563,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")
     launch.set_defaults(func=cmd_launch)
 
-    from .launcher_commands import add_commands as add_launcher_commands  # ssh, ssh-node, slurm
+    from imagenet_train.launchers.commands import add_commands as add_launcher_commands  # ssh, ssh-node, slurm
 
     add_launcher_commands(commands, formatter)
 

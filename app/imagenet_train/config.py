@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ImagenetTrainError
-from .plan import Mode
-from .settings import check, declared, flag, problem, setting
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.planning.plan import Mode
+from imagenet_train.settings import check, declared, flag, problem, setting
 
 MODES = tuple(mode.value for mode in Mode)
 AMP_MODES = ("auto", "bf16", "fp16", "off")
@@ -166,14 +166,14 @@ class Config:
         if not data.shards and not data.train_urls:
             raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
         if data.decoder == "fused":
-            from .jpegcrop import available
+            from imagenet_train.loading.jpegcrop import available
 
             if not available():
                 raise ImagenetTrainError(
                     "--decoder fused: needs PyTurboJPEG 1.8 and libturbojpeg (apt-get install libturbojpeg0)"
                 )
         if data.decoder == "dali":
-            from .dali import available as dali_available
+            from imagenet_train.loading.dali import available as dali_available
 
             if not dali_available():
                 raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from imagenet_train.serve import NginxServer
-from imagenet_train.shards import ShardOptions, convert
+from imagenet_train.datasets.convert import ShardOptions, convert
+from imagenet_train.ops.serve import NginxServer
 
 from .injectors import subset_shards
 from .runs import Row, run_to_end

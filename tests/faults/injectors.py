@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from imagenet_train.serve import NginxServer
+from imagenet_train.ops.serve import NginxServer
 
 
 # -- data: a small copy of the digit shards, and damaged copies -----------------------------------------

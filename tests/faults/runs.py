@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from imagenet_train.checkpoint import latest
-from imagenet_train.position import Position, epoch_folder
+from imagenet_train.planning.position import Position, epoch_folder
+from imagenet_train.training.checkpoint import latest
 
 from conftest import SMALL_TRAIN, child_pids
 

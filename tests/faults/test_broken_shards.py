@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from imagenet_train import plan
-from imagenet_train.serve import NginxServer
+from imagenet_train.ops.serve import NginxServer
+from imagenet_train.planning import plan
 
 from .injectors import corrupt_jpeg_in_shard, train_keys, truncate_shard
 from .runs import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from imagenet_train import gcs
-from imagenet_train.serve import NginxServer, free_port
+from imagenet_train.io import gcs
+from imagenet_train.ops.serve import NginxServer, free_port
 
 from .injectors import RestartableEmulator, timed_outage, train_keys
 from .runs import (

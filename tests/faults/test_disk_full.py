@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from imagenet_train.position import consumed_keys
-from imagenet_train.serve import NginxServer
+from imagenet_train.ops.serve import NginxServer
+from imagenet_train.planning.position import consumed_keys
 
 from .injectors import grow_tmpfs, small_tmpfs, train_keys
 from .runs import (

@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from imagenet_train import plan
-from imagenet_train.position import consumed_keys
-from imagenet_train.serve import NginxServer
+from imagenet_train.ops.serve import NginxServer
+from imagenet_train.planning import plan
+from imagenet_train.planning.position import consumed_keys
 
 from .injectors import train_keys
 from .runs import (

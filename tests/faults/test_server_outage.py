@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from imagenet_train import plan
-from imagenet_train.serve import free_port
+from imagenet_train.ops.serve import free_port
+from imagenet_train.planning import plan
 
 from .injectors import RestartableNginx, timed_outage, train_keys
 from .runs import (

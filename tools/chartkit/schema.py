@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from imagenet_train.config import SECTIONS
-from imagenet_train.deployment import OWNED
+from imagenet_train.launchers.deployment import OWNED
 from imagenet_train.settings import declared, expectation, flag, json_schema
 
 from . import CHART_DIR, ROOT

@@ -1,0 +1,274 @@
+"""Finding the images of a dataset in its on-disk layout: ImageFolder, Kaggle, or the original ILSVRC tars."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tarfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from imagenet_train.errors import ImagenetTrainError
+
+TRAIN_TAR = "ILSVRC2012_img_train.tar"
+VAL_TAR = "ILSVRC2012_img_val.tar"
+KAGGLE_ROOT = Path("ILSVRC/Data/CLS-LOC")
+KAGGLE_VAL_LABELS = "LOC_val_solution.csv"
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    """One image: a whole file, or `size` bytes at `offset` inside a (tar) file."""
+
+    key: str
+    wnid: str
+    path: str
+    offset: int = -1
+    size: int = 0
+    name: str = ""  # the image's own file name, for reports
+
+    def read(self) -> bytes:
+        with open(self.path, "rb") as stream:
+            if self.offset < 0:
+                return stream.read()
+            stream.seek(self.offset)
+            return stream.read(self.size)
+
+    def describe(self) -> str:
+        return self.path if self.offset < 0 else f"{self.path}:{self.name}"
+
+
+@dataclass
+class Dataset:
+    layout: str
+    classes: list[str]
+    splits: dict[str, list[SourceImage]] = field(default_factory=dict)
+
+
+def _stem(name: str) -> str:
+    return os.path.basename(name).split(".", 1)[0].replace(" ", "_")
+
+
+def _keyed(split: str, images: list[SourceImage]) -> list[SourceImage]:
+    """Give every image a unique key; fall back to `<wnid>_<stem>` where stems repeat across classes."""
+    counts = Counter(image.key for image in images)
+    if all(count == 1 for count in counts.values()):
+        return images
+    renamed = [SourceImage(f"{i.wnid}_{i.key}", i.wnid, i.path, i.offset, i.size, i.name) for i in images]
+    duplicates = [key for key, count in Counter(i.key for i in renamed).items() if count > 1]
+    if duplicates:
+        raise ImagenetTrainError(f"{split}: image name '{duplicates[0]}' occurs twice in one class")
+    return renamed
+
+
+def _class_dirs(root: Path, what: str) -> list[Path]:
+    if not root.is_dir():
+        raise ImagenetTrainError(f"{root}: {what} directory not found")
+    dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not dirs:
+        raise ImagenetTrainError(f"{root}: no class directories in {what} (expected {root}/<wnid>/*.JPEG)")
+    return dirs
+
+
+def _folder_images(class_dir: Path) -> list[SourceImage]:
+    return [
+        SourceImage(_stem(f.name), class_dir.name, str(f), size=f.stat().st_size, name=f.name)
+        for f in sorted(class_dir.iterdir())
+        if f.is_file()
+    ]
+
+
+def _image_folder_split(root: Path, split: str, classes: list[str] | None) -> list[SourceImage]:
+    images: list[SourceImage] = []
+    for class_dir in _class_dirs(root, split):
+        found = _folder_images(class_dir)
+        if not found and split == "train":
+            raise ImagenetTrainError(f"{class_dir}: class directory is empty (expected images)")
+        if classes is not None and class_dir.name not in classes:
+            raise ImagenetTrainError(f"{class_dir}: class '{class_dir.name}' is not among the train classes")
+        images.extend(found)
+    if not images:
+        raise ImagenetTrainError(f"{root}: no images in the {split} split")
+    return images
+
+
+def read_val_labels(path: Path) -> dict[str, str]:
+    """Validation labels, image stem → wnid, from Kaggle's LOC_val_solution.csv or `<file> <wnid>` lines."""
+    if not path.is_file():
+        raise ImagenetTrainError(f"{path}: validation label file not found")
+    text = path.read_text()
+    labels: dict[str, str] = {}
+    if text.startswith("ImageId"):
+        for lineno, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+            prediction = (row.get("PredictionString") or "").split()
+            if not row.get("ImageId") or not prediction:
+                raise ImagenetTrainError(f"{path}:{lineno}: expected 'ImageId,PredictionString' with a wnid")
+            labels[_stem(row["ImageId"])] = prediction[0]
+        return labels
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        fields = line.replace(",", " ").split()
+        if not fields:
+            continue
+        if len(fields) != 2:
+            raise ImagenetTrainError(f"{path}:{lineno}: expected '<image file> <wnid>', got '{line.strip()}'")
+        labels[_stem(fields[0])] = fields[1]
+    return labels
+
+
+def _apply_val_labels(images: list[SourceImage], labels: dict[str, str], classes: list[str], where: str):
+    missing = [i.name for i in images if i.key not in labels]
+    if missing:
+        raise ImagenetTrainError(f"{where}: {len(missing)} validation images have no label (first: {missing[0]})")
+    names = {i.key for i in images}
+    orphans = sorted(set(labels) - names)
+    if orphans:
+        raise ImagenetTrainError(
+            f"{where}: label file names {len(orphans)} images that are not there (first: {orphans[0]})"
+        )
+    unknown = sorted({labels[i.key] for i in images} - set(classes))
+    if unknown:
+        raise ImagenetTrainError(f"{where}: labels use classes not in train (first: {unknown[0]})")
+    return [SourceImage(i.key, labels[i.key], i.path, i.offset, i.size, i.name) for i in images]
+
+
+class _Window(io.RawIOBase):
+    """A seekable view of `size` bytes at `offset` of an open file, so nested tars are indexed in place."""
+
+    def __init__(self, stream, offset: int, size: int):
+        self.stream, self.offset, self.size, self.position = stream, offset, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, position: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.position, 2: self.size}[whence]
+        self.position = max(0, min(self.size, base + position))
+        return self.position
+
+    def readinto(self, buffer) -> int:
+        count = min(len(buffer), self.size - self.position)
+        if count <= 0:
+            return 0
+        self.stream.seek(self.offset + self.position)
+        data = self.stream.read(count)
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+
+def _tar_members(path: str, stream, offset: int = 0, size: int | None = None):
+    """Regular members of a tar (optionally nested at `offset`) as (name, absolute offset, size)."""
+    window = _Window(stream, offset, size if size is not None else os.fstat(stream.fileno()).st_size)
+    try:
+        with tarfile.open(fileobj=window, mode="r:") as archive:
+            for member in archive:
+                if member.isreg():
+                    yield member.name, offset + member.offset_data, member.size
+    except tarfile.TarError as error:
+        raise ImagenetTrainError(f"{path}: not a readable tar ({error})") from None
+
+
+def _ilsvrc_tars(root: Path, val_labels: Path | None) -> Dataset:
+    train_tar = root / TRAIN_TAR
+    splits: dict[str, list[SourceImage]] = {}
+    classes: list[str] = []
+    with open(train_tar, "rb") as stream:
+        train: list[SourceImage] = []
+        for name, offset, size in list(_tar_members(str(train_tar), stream)):
+            if not name.endswith(".tar"):
+                continue
+            wnid = _stem(name)
+            inner = [
+                SourceImage(_stem(n), wnid, str(train_tar), o, s, f"{name}/{n}")
+                for n, o, s in _tar_members(f"{train_tar}:{name}", stream, offset, size)
+            ]
+            if not inner:
+                raise ImagenetTrainError(f"{train_tar}:{name}: class tar is empty (expected images)")
+            classes.append(wnid)
+            train.extend(inner)
+    if not train:
+        raise ImagenetTrainError(f"{train_tar}: no per-class tars inside (expected n*.tar members)")
+    classes.sort()
+    splits["train"] = train
+    val_tar = root / VAL_TAR
+    if val_tar.exists():
+        labels_path = val_labels or _default_val_labels(root)
+        if labels_path is None:
+            raise ImagenetTrainError(
+                f"{val_tar}: validation labels needed; pass --val-labels (LOC_val_solution.csv or '<file> <wnid>')"
+            )
+        with open(val_tar, "rb") as stream:
+            val = [SourceImage(_stem(n), "", str(val_tar), o, s, n) for n, o, s in _tar_members(str(val_tar), stream)]
+        splits["val"] = _apply_val_labels(val, read_val_labels(labels_path), classes, str(labels_path))
+    return Dataset("ilsvrc-tars", classes, splits)
+
+
+def _default_val_labels(root: Path) -> Path | None:
+    for candidate in (root / KAGGLE_VAL_LABELS, root / "val_labels.txt"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _kaggle(root: Path, val_labels: Path | None) -> Dataset:
+    base = root / KAGGLE_ROOT
+    train = _image_folder_split(base / "train", "train", None)
+    classes = sorted({i.wnid for i in train})
+    splits = {"train": train}
+    val_dir = base / "val"
+    if val_dir.is_dir():
+        files = sorted(f for f in val_dir.iterdir() if f.is_file())
+        val = [SourceImage(_stem(f.name), "", str(f), size=f.stat().st_size, name=f.name) for f in files]
+        labels_path = val_labels or _default_val_labels(root)
+        if labels_path is None:
+            raise ImagenetTrainError(f"{val_dir}: flat validation images need {root / KAGGLE_VAL_LABELS}")
+        splits["val"] = _apply_val_labels(val, read_val_labels(labels_path), classes, str(labels_path))
+    return Dataset("kaggle", classes, splits)
+
+
+def _image_folder(root: Path, val_labels: Path | None) -> Dataset:
+    train = _image_folder_split(root / "train", "train", None)
+    classes = sorted({i.wnid for i in train})
+    splits = {"train": train}
+    if (root / "val").is_dir():
+        val_root = root / "val"
+        if any(p.is_dir() for p in val_root.iterdir()):
+            splits["val"] = _image_folder_split(val_root, "val", classes)
+        else:
+            labels_path = val_labels or _default_val_labels(root)
+            if labels_path is None:
+                raise ImagenetTrainError(f"{val_root}: flat validation images need --val-labels")
+            files = sorted(f for f in val_root.iterdir() if f.is_file())
+            val = [SourceImage(_stem(f.name), "", str(f), size=f.stat().st_size, name=f.name) for f in files]
+            splits["val"] = _apply_val_labels(val, read_val_labels(labels_path), classes, str(labels_path))
+    return Dataset("imagefolder", classes, splits)
+
+
+def discover(root: str | Path, val_labels: str | Path | None = None) -> Dataset:
+    """Recognise the layout under `root` and list every image with its class, split and unique key."""
+    root = Path(root)
+    labels = Path(val_labels) if val_labels else None
+    if not root.exists():
+        raise ImagenetTrainError(f"{root}: input directory does not exist")
+    if not root.is_dir():
+        raise ImagenetTrainError(f"{root}: expected a directory holding the dataset")
+    if (root / TRAIN_TAR).is_file():
+        dataset = _ilsvrc_tars(root, labels)
+    elif (root / KAGGLE_ROOT).is_dir():
+        dataset = _kaggle(root, labels)
+    elif (root / "train").is_dir():
+        dataset = _image_folder(root, labels)
+    else:
+        raise ImagenetTrainError(
+            f"{root}: no dataset found; expected train/<wnid>/*.JPEG, {KAGGLE_ROOT}/train/, or {TRAIN_TAR}"
+        )
+    dataset.splits = {split: _keyed(split, images) for split, images in dataset.splits.items()}
+    return dataset

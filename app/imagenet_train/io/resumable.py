@@ -1,0 +1,176 @@
+"""Riding out outages: one reader for every remote scheme that reopens at the byte where a read broke off,
+and one policy for how long to keep trying (a time budget, capped exponential backoff with jitter).
+
+A scheme supplies `open_at(position) -> Body`; the body's read errors that may pass (connection refused or
+reset, timeouts, HTTP 5xx/429, a cloud API's "unavailable") are raised as `Transient`, or as OSError, and
+are retried until `--io-timeout` seconds of outage have passed. Anything else (404, permission denied,
+a server that ignores Range) is an ImagenetTrainError and fails at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import http.client
+import io
+import logging
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from imagenet_train.errors import ImagenetTrainError
+
+log = logging.getLogger(__name__)
+
+FIRST_DELAY_S = 0.5
+MAX_DELAY_S = 30.0
+LOG_EVERY_S = 60.0
+
+
+class Transient(Exception):
+    """A failure that an outage explains: worth waiting out."""
+
+
+RETRYABLE = (Transient, OSError, http.client.HTTPException)
+# Local conditions, not outages: a file that went away (a pruned checkpoint) is not waited for.
+LOCAL = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+def is_local(error: BaseException) -> bool:
+    """A failure of this machine's files (it names one: a read-only or full disk), which no wait mends."""
+    return isinstance(error, LOCAL) or (isinstance(error, OSError) and error.filename is not None)
+
+
+class Body(Protocol):
+    def read(self, size: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Opened:
+    """A response body positioned at the requested byte, and how many bytes it will deliver (if known)."""
+
+    body: Body
+    remaining: int | None = None
+    size: int | None = None  # the whole object's size, where the scheme reports it
+
+
+def backoff(attempt: int, rng: random.Random = random._inst) -> float:
+    """Seconds before retry `attempt` (0-based): exponential from 0.5 s, capped at 30 s, jittered."""
+    return min(MAX_DELAY_S, FIRST_DELAY_S * 2**attempt) * rng.uniform(0.5, 1.0)
+
+
+class Outage:
+    """One stretch of failures of one URL: sleeps between attempts and gives up after the budget."""
+
+    def __init__(self, url: str, budget: float):
+        self.url, self.budget = url, budget
+        self.started = time.monotonic()
+        self.attempt = 0
+
+    def wait(self, error: BaseException) -> None:
+        """Sleep before the next attempt, or raise the one-line error once the budget is spent."""
+        reason = describe(error)
+        elapsed = time.monotonic() - self.started
+        delay = backoff(self.attempt)
+        if elapsed + delay > self.budget:
+            raise ImagenetTrainError(f"{self.url}: unreachable for {elapsed:.0f} s ({reason})") from None
+        if _node_may_log():
+            log.warning("waiting for %s: %s (%.0f s of --io-timeout %.0f s)", self.url, reason, elapsed, self.budget)
+        self.attempt += 1
+        time.sleep(delay)
+
+
+def describe(error: BaseException) -> str:
+    """A short reason for a failed attempt: 'Connection refused', 'HTTP 503 Service Unavailable'."""
+    reason = getattr(error, "reason", None) or getattr(error, "strerror", None) or str(error) or type(error).__name__
+    return str(getattr(reason, "strerror", None) or reason).splitlines()[0][:200]
+
+
+def _node_may_log() -> bool:
+    """At most one waiting line per minute per node, across all ranks and DataLoader workers on it."""
+    folder = os.path.join(tempfile.gettempdir(), f"imagenet-train-{os.getuid()}")
+    os.makedirs(folder, exist_ok=True)
+    stamp = os.path.join(folder, "io-wait.stamp")
+    with open(stamp, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        now, last = time.time(), os.stat(stamp)
+        if last.st_size and now - last.st_mtime < LOG_EVERY_S:
+            return False
+        handle.write(".")
+        os.utime(stamp, (now, now))
+        return True
+
+
+def call(url: str, budget: float, attempt: Callable[[], object]):
+    """`attempt()` until it succeeds, waiting out retryable failures for up to `budget` seconds."""
+    outage = None
+    while True:
+        try:
+            return attempt()
+        except RETRYABLE as error:
+            if is_local(error):
+                raise
+            outage = outage or Outage(url, budget)
+            outage.wait(error)
+
+
+class ResumableReader(io.RawIOBase):
+    """A remote object read front to back; an outage mid-read is waited out and the read resumes in place."""
+
+    def __init__(self, url: str, open_at: Callable[[int], Opened], budget: float):
+        self.url, self.open_at, self.budget = url, open_at, budget
+        self.position = 0
+        self.opened: Opened | None = call(url, budget, lambda: open_at(0))
+        self.size = self.opened.size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        outage = None
+        while True:
+            try:
+                if self.opened is None:
+                    self.opened = self.open_at(self.position)
+                data = self._read(len(buffer))
+                break
+            except RETRYABLE as error:
+                self._drop()
+                outage = outage or Outage(self.url, self.budget)
+                outage.wait(error)
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+    def _read(self, size: int) -> bytes:
+        data = self.opened.body.read(size)
+        remaining = self.opened.remaining
+        if not data and size and remaining:
+            # http.client and friends report a connection closed before the promised length as a clean EOF.
+            raise ConnectionError(f"connection closed with {remaining} bytes unread")
+        if remaining is not None:
+            self.opened.remaining = remaining - len(data)
+        return data
+
+    def _drop(self) -> None:
+        """Let go of a broken connection; the next attempt reopens at the current position."""
+        if self.opened is not None:
+            with contextlib.suppress(Exception):  # a broken connection may not close cleanly
+                self.opened.body.close()
+        self.opened = None
+
+    def close(self) -> None:
+        if not self.closed:
+            self._drop()
+        super().close()
+
+
+def buffered(reader: ResumableReader) -> io.BufferedReader:
+    """The reader with a 1 MiB buffer, as the tar reader wants it; `.raw.size` stays reachable."""
+    return io.BufferedReader(reader, buffer_size=1 << 20)

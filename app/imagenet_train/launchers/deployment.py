@@ -1,0 +1,194 @@
+"""What the chart's pods run, computed from the chart's values instead of in templates.
+
+The chart renders its values into a ConfigMap (`deployment.yaml`: the release's object name plus the
+launcher, shards, results, cache, gcp, resources and train sections) and every training pod runs
+`imagenet-train launch --deployment deployment.yaml -- train --config train.yaml`. This module turns those
+values into torchrun's process count, the environment a launcher kind needs, the shard index to wait for
+and the training flags the deployment owns (where the shards are, where results go). It also holds the
+cross-field rules that JSON Schema cannot state; launch, tools/render.py and tools/ngc.py all call
+`problems`. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from imagenet_train.config import Config, settings_from
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.settings import flag
+
+# Training settings the deployment sets from its other sections; the chart's `train:` schema leaves them out.
+OWNED = frozenset({"shards", "train_urls", "val_urls", "train_samples", "run_dir", "results", "cache_dir"})
+
+RESULTS_MOUNT = "/results"
+CACHE_MOUNT = "/cache"
+GCP_SECRET_MOUNT = "/var/run/secrets/gcp"
+SCRATCH_MOUNT = "/tmp"  # the pods' writable scratch (an emptyDir); their root filesystem is read-only
+
+# Where programs in a pod write on their own (HOME for ~/.triton, ~/.config; caches; resumable-upload
+# records): under declared volumes, never the read-only root. Upload records sit on the results volume,
+# so a checkpoint upload cut off by a pod restart resumes when that volume is a claim.
+WRITABLE_ENV = {
+    "HOME": SCRATCH_MOUNT,
+    "XDG_CACHE_HOME": f"{SCRATCH_MOUNT}/.cache",
+    "IMAGENET_TRAIN_UPLOAD_SESSIONS": f"{RESULTS_MOUNT}/.upload-sessions",
+}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What `launch --deployment` adds to a training pod's command."""
+
+    nproc: int
+    wait_for: str  # the shard index to wait for before starting ("" for buckets)
+    wait_timeout: float
+    env: dict[str, str]
+    train_flags: list[str]
+
+
+def gpus_per_node(values: Mapping[str, Any]) -> int:
+    """GPUs each training pod asks for: resources.limits['nvidia.com/gpu'] (0 without)."""
+    limits = (values.get("resources") or {}).get("limits") or {}
+    return int(limits.get("nvidia.com/gpu", 0) or 0)
+
+
+def nproc(values: Mapping[str, Any]) -> int:
+    """Training processes per node: launcher.nprocPerNode, else one per GPU, else 1."""
+    return int(values["launcher"]["nprocPerNode"] or max(1, gpus_per_node(values)))
+
+
+def run_name(values: Mapping[str, Any], release: str) -> str:
+    return values["results"].get("runName") or release
+
+
+def shards_url(values: Mapping[str, Any], name: str) -> str:
+    """Where the loaders find the shard index: the nginx Service, the AIS bucket, or the bucket prefix."""
+    shards = values["shards"]
+    if shards["server"] == "nginx":
+        return f"http://{name}-shards/{shards['index']}"
+    if shards["server"] == "aistore":
+        return f"ais://{shards['aistore']['bucket']}/{shards['index']}"
+    return f"{shards['bucket']['url'].rstrip('/')}/{shards['index']}"
+
+
+def ais_endpoint(values: Mapping[str, Any], name: str) -> str:
+    aistore = values["shards"]["aistore"]
+    return f"http://{name}-ais-proxy:51080" if aistore["deploy"] else aistore["endpoint"].rstrip("/")
+
+
+def master_addr(kind: str, name: str) -> str:
+    """Pod 0's stable hostname: JobSet's own, or the headless Service's subdomain (Indexed Job)."""
+    return f"{name}-node-0-0.{name}" if kind == "jobset" else f"{name}-0.{name}"
+
+
+def storage_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
+    """Endpoints and the credentials' location (never a key) for the shard source and results bucket."""
+    env = {}
+    if values["shards"]["server"] == "aistore":
+        env["AIS_ENDPOINT"] = ais_endpoint(values, name)
+    gcp = values["gcp"]
+    if gcp["credentialsSecret"]:
+        env["GOOGLE_APPLICATION_CREDENTIALS"] = f"{GCP_SECRET_MOUNT}/{gcp['credentialsKey']}"
+    return env
+
+
+def rendezvous_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
+    """What `launch` reads on launchers without an operator that sets it (Indexed Job, JobSet)."""
+    launcher = values["launcher"]
+    if launcher["kind"] not in ("indexedjob", "jobset"):
+        return {}
+    master = master_addr(launcher["kind"], name)
+    env = {"NNODES": str(launcher["nodes"]), "MASTER_ADDR": master, "MASTER_PORT": str(launcher["port"])}
+    elastic = launcher["elastic"]
+    if elastic["enabled"]:
+        env |= {
+            "PET_NNODES": f"{elastic['minNodes']}:{elastic['maxNodes']}",
+            "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": f"{master}:{launcher['port']}",
+            "PET_RDZV_ID": name,
+            "PET_MAX_RESTARTS": str(elastic["maxRestarts"]),
+        }
+    return env
+
+
+def owned_flags(shards: str, run_dir: str, results: str = "", cache_dir: str = "") -> list[str]:
+    """The training flags a deployment sets: where shards come from and where results go."""
+    flags = ["--shards", shards, "--run-dir", run_dir]
+    if results:
+        flags += ["--results", results]
+    if cache_dir:
+        flags += ["--cache-dir", cache_dir]
+    return flags
+
+
+def settings_flags(settings: Mapping[str, Any]) -> list[str]:
+    """A mapping of training settings as `train` flags, for launchers that cannot mount a config file."""
+    flags = []
+    for name, value in settings.items():
+        if isinstance(value, bool):
+            flags.append(flag(name) if value else "--no-" + name.replace("_", "-"))
+        else:
+            flags += [flag(name), str(value)]
+    return flags
+
+
+def pod_environment(deployment: Deployment, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment `launch` runs torchrun with: the pod's own variables win, except the writable paths
+    (the container runtime always sets HOME, to a directory on the read-only root)."""
+    return {**deployment.env, **environ, **WRITABLE_ENV}
+
+
+def plan(document: Mapping[str, Any]) -> Deployment:
+    """The launch plan of a training pod from the chart's deployment.yaml."""
+    name, values = document["name"], document
+    problem = next(iter(problems(values)), None)
+    if problem:
+        raise ImagenetTrainError(problem)
+    url = shards_url(values, name)
+    run = run_name(values, document["release"])
+    bucket = values["results"]["bucket"].rstrip("/")
+    flags = owned_flags(
+        url,
+        f"{RESULTS_MOUNT}/{run}",
+        results=f"{bucket}/{run}" if bucket else "",
+        cache_dir=CACHE_MOUNT if values["cache"]["enabled"] else "",
+    )
+    remote = values["shards"]["server"] != "bucket"
+    return Deployment(
+        nproc=nproc(values),
+        wait_for=url if remote else "",
+        wait_timeout=float(values["launcher"]["waitForShardsSeconds"]),
+        env=storage_env(values, name) | rendezvous_env(values, name),
+        train_flags=flags,
+    )
+
+
+def problems(values: Mapping[str, Any]) -> list[str]:
+    """The chart's cross-field rules that JSON Schema cannot state, as one-line messages naming the value."""
+    launcher = values["launcher"]
+    errors = []
+    gpus, procs = gpus_per_node(values), int(launcher["nprocPerNode"])
+    if gpus and procs and procs != gpus:
+        errors.append(
+            f"launcher.nprocPerNode: {procs} processes cannot each own one of the {gpus} GPUs in "
+            "resources.limits (set 0 for one per GPU)"
+        )
+    elastic = launcher["elastic"]
+    if elastic["enabled"] and not elastic["minNodes"] <= launcher["nodes"] <= elastic["maxNodes"]:
+        errors.append(
+            f"launcher.elastic: nodes={launcher['nodes']} must lie between minNodes={elastic['minNodes']} "
+            f"and maxNodes={elastic['maxNodes']}"
+        )
+    try:
+        settings = settings_from(values.get("train") or {}, "train")
+        owned = sorted(OWNED & set(settings))
+        if owned:
+            errors.append(f"train.{owned[0]}: set by the chart (shards, results, cache); remove it from train")
+        config = Config()
+        config.data.global_batch_size = settings.get("global_batch_size", 0)
+        config.for_world(int(launcher["nodes"]) * nproc(values))
+    except ImagenetTrainError as error:
+        errors.append(str(error).replace("--global-batch-size", "train.global_batch_size"))
+    return errors

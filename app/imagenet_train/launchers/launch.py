@@ -1,0 +1,204 @@
+"""`imagenet-train launch`: turn whichever launcher's environment this pod/job has into torchrun arguments.
+
+Recognised, first match wins: `imagenet-train ssh` (IMAGENET_TRAIN_NODE_RANK, ...), NGC batch (NGC_ARRAY_*),
+Kubeflow PyTorchJob and Trainer v2 TrainJob (PET_*, set by the operators), JobSet and Indexed Job
+(JOB_COMPLETION_INDEX), a Slurm task (SLURM_*, see slurm.py), an operator that only sets
+MASTER_ADDR/WORLD_SIZE/RANK per node, and plain single-node torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from imagenet_train.errors import ImagenetTrainError
+
+DEFAULT_PORT = "29500"
+
+
+@dataclass(frozen=True)
+class Launch:
+    launcher: str
+    torchrun: list[str]  # torchrun's own options, before the training module
+
+
+def _need(env: Mapping[str, str], name: str, launcher: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise ImagenetTrainError(f"launch: {launcher} environment without {name}")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, launcher: str) -> str:
+    value = _need(env, name, launcher)
+    if not value.isdigit():
+        raise ImagenetTrainError(f"launch: {name}='{value}' is not a whole number")
+    return value
+
+
+def _static(nnodes: str, node_rank: str, nproc: str, addr: str, port: str) -> list[str]:
+    return [
+        f"--nnodes={nnodes}",
+        f"--node_rank={node_rank}",
+        f"--nproc_per_node={nproc}",
+        f"--master_addr={addr}",
+        f"--master_port={port}",
+    ]
+
+
+def resolve(env: Mapping[str, str], nproc: str | None = None) -> Launch:
+    """Choose torchrun arguments from a launcher's environment variables (no I/O but Slurm's node lookup)."""
+    if "IMAGENET_TRAIN_NODE_RANK" in env:  # set per host by `imagenet-train ssh`
+        return Launch(
+            "ssh",
+            _static(
+                _int(env, "IMAGENET_TRAIN_NNODES", "ssh"),
+                _int(env, "IMAGENET_TRAIN_NODE_RANK", "ssh"),
+                nproc or _local_devices(),
+                _need(env, "IMAGENET_TRAIN_MASTER_ADDR", "ssh"),
+                env.get("IMAGENET_TRAIN_MASTER_PORT", DEFAULT_PORT),
+            ),
+        )
+    if "NGC_ARRAY_SIZE" in env:
+        per_node = nproc or _int(env, "NGC_GPUS_PER_NODE", "NGC")
+        index = env.get("NGC_ARRAY_INDEX") or env.get("NGC_REPLICA_ID") or "0"
+        addr = env.get("NGC_MASTER_ADDR") or ("localhost" if env["NGC_ARRAY_SIZE"] == "1" else "")
+        if not addr:
+            raise ImagenetTrainError("launch: NGC multinode environment without NGC_MASTER_ADDR")
+        return Launch(
+            "ngc",
+            _static(_int(env, "NGC_ARRAY_SIZE", "NGC"), index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT)),
+        )
+    if "PET_NNODES" in env or "PET_NPROC_PER_NODE" in env:
+        # Kubeflow PyTorchJob (training-operator) and TrainJob (trainer v2) set torchrun's PET_* variables.
+        launcher = "trainjob" if "PET_MASTER_ADDR" in env and "MASTER_ADDR" not in env else "pytorchjob"
+        per_node = nproc or env.get("PET_NPROC_PER_NODE") or "1"
+        nnodes = env.get("PET_NNODES", "1")
+        if env.get("PET_RDZV_ENDPOINT"):
+            args = [
+                f"--nnodes={nnodes}",
+                f"--nproc_per_node={per_node}",
+                f"--rdzv_backend={env.get('PET_RDZV_BACKEND', 'c10d')}",
+                f"--rdzv_endpoint={env['PET_RDZV_ENDPOINT']}",
+                f"--rdzv_id={env.get('PET_RDZV_ID') or env.get('JOB_NAME') or 'imagenet-train'}",
+            ]
+            if env.get("PET_MAX_RESTARTS"):
+                args.append(f"--max_restarts={env['PET_MAX_RESTARTS']}")
+            return Launch(f"{launcher} (elastic)", args)
+        addr = env.get("PET_MASTER_ADDR") or _need(env, "MASTER_ADDR", launcher)
+        port = env.get("PET_MASTER_PORT") or env.get("MASTER_PORT") or DEFAULT_PORT
+        rank = env.get("PET_NODE_RANK") or env.get("RANK") or "0"
+        return Launch(launcher, _static(nnodes, rank, per_node, addr, port))
+    if "JOB_COMPLETION_INDEX" in env:
+        per_node = nproc or env.get("NPROC_PER_NODE") or "1"
+        index = env["JOB_COMPLETION_INDEX"]
+        if "JOBSET_NAME" in env:
+            jobset, replicated = env["JOBSET_NAME"], env.get("REPLICATED_JOB_NAME", "")
+            # JobSet pods are <jobset>-<replicatedJob>-<jobIndex>-<podIndex> under the subdomain <jobset>.
+            default_addr = f"{jobset}-{replicated}-0-0.{jobset}" if replicated else ""
+            addr = env.get("MASTER_ADDR") or default_addr
+            launcher = "jobset"
+        else:
+            addr, launcher = env.get("MASTER_ADDR", ""), "indexedjob"
+        if not addr:
+            raise ImagenetTrainError(f"launch: {launcher} environment without MASTER_ADDR (pod 0's hostname)")
+        return Launch(
+            launcher,
+            _static(_int(env, "NNODES", launcher), index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT)),
+        )
+    if "SLURM_JOB_ID" in env and ("SLURM_NODEID" in env or "SLURM_PROCID" in env):  # sbatch/srun task
+        from imagenet_train.launchers.slurm import torchrun_args
+
+        return Launch("slurm", torchrun_args(env, nproc, _local_devices))
+    if "MASTER_ADDR" in env and "WORLD_SIZE" in env and "LOCAL_RANK" not in env:
+        per_node = nproc or env.get("NPROC_PER_NODE") or "1"
+        return Launch(
+            "node-per-replica",
+            _static(
+                _int(env, "WORLD_SIZE", "MASTER_ADDR"),
+                env.get("RANK", "0"),
+                per_node,
+                env["MASTER_ADDR"],
+                env.get("MASTER_PORT", DEFAULT_PORT),
+            ),
+        )
+    return Launch("standalone", ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc or _local_devices()}"])
+
+
+def _local_devices() -> str:
+    try:
+        import torch
+
+        return str(max(1, torch.cuda.device_count()))
+    except ImportError:
+        return "1"
+
+
+# Signals torchrun forwards to every rank. SIGUSR1/SIGUSR2 are what Slurm's --signal sends before a time
+# limit; the ranks treat SIGTERM and SIGUSR1 as pre-emption (finish the step, checkpoint, exit 128+N).
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+
+
+def torchrun_options(grace_period: float) -> list[str]:
+    """Signal forwarding and the shutdown grace period, where this torchrun has the options (torch >= 2.8)."""
+    from torch.distributed.run import get_args_parser
+
+    known = {option for action in get_args_parser()._actions for option in action.option_strings}
+    options = []
+    if "--signals-to-handle" in known:
+        options.append(f"--signals-to-handle={FORWARDED_SIGNALS}")
+    if "--shutdown-timeout" in known:
+        options.append(f"--shutdown-timeout={round(grace_period)}")
+    return options
+
+
+def command(launch: Launch, program: list[str], options: list[str] = ()) -> list[str]:
+    """The full torchrun command line for the training program's arguments."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *options,
+        *launch.torchrun,
+        "-m",
+        "imagenet_train.cli",
+        *program,
+    ]
+
+
+def _exit_code(failures: dict) -> int:
+    """A failed rank's exit code as a shell reports it (128 + N for a rank killed by signal N)."""
+    codes = [failure.exitcode for failure in failures.values()]
+    worst = next((code for code in codes if code not in (0, None)), 1)
+    return 128 - worst if worst < 0 else worst
+
+
+def run(program: list[str], nproc: str | None = None, dry_run: bool = False, grace_period: float = 80) -> int:
+    """Print the torchrun command for this environment, then run torchrun in this process.
+
+    In-process rather than exec: a signal that stops the job (SIGTERM from the kubelet, SIGUSR1 from
+    Slurm) ends in exit code 128 + N after the ranks saved their position, instead of a traceback.
+    """
+    launch = resolve(os.environ, nproc)
+    argv = command(launch, program or ["train", "--help"], torchrun_options(grace_period))
+    print(f"imagenet-train launch: {launch.launcher}: torchrun {' '.join(argv[3:])}", flush=True)
+    if dry_run:
+        return 0
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    if "--signals-to-handle" not in " ".join(argv):  # older torchrun: SIGUSR1 would kill it outright
+        signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        torchrun(argv[3:])
+    except SignalException as stop:
+        name = signal.Signals(stop.sigval).name
+        print(f"imagenet-train launch: stopped by {name}; the ranks saved their position", flush=True)
+        return 128 + int(stop.sigval)
+    except ChildFailedError as failed:
+        return _exit_code(failed.failures)
+    return 0

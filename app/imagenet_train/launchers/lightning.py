@@ -1,0 +1,158 @@
+"""Lightning: a LightningDataModule over our shard loaders and a LightningModule with our model and recipe.
+
+The data module hands Lightning plain iterables, not DataLoaders, so Lightning never injects its own
+DistributedSampler: each rank reads its shards through our ShardStream, and resampled mode gives every
+rank exactly the same number of batches (checked by the planner before the first batch). Split and queue
+modes give ranks uneven batch counts that only Join can even out; Lightning's loop does not run Join,
+so they are refused.
+"""
+
+# ruff: noqa: E402 (torchvision must be made importable before Lightning loads it)
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from imagenet_train.compat import ensure_torchvision
+
+ensure_torchvision()  # Lightning imports torchvision (through torchmetrics) as it loads
+
+import lightning
+
+from imagenet_train.config import Config
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.loading.pipeline import EpochLoader, resolve_source
+from imagenet_train.loading.presets import normalize
+from imagenet_train.planning.schedule import Schedule
+from imagenet_train.training.dist import DistInfo
+from imagenet_train.training.loop import (
+    build_model,
+    parameter_groups,
+    preflight_check,
+    seed_augmentation,
+    train_loader,
+    val_loader,
+)
+
+
+def refuse_uneven_modes(cfg: Config) -> None:
+    """Only resampled mode gives every rank equal batches without Join; say so for the others."""
+    mode = cfg.data.mode
+    if mode != "resampled":
+        raise ImagenetTrainError(
+            f"--mode {mode}: cannot run under Lightning (its uneven batches per rank need Join, which Lightning's "
+            f"loop does not run); use --mode resampled with Lightning, or `imagenet-train train` for --mode {mode}"
+        )
+
+
+class EpochBatches:
+    """An EpochLoader as Lightning sees it: a sized iterable that reads the trainer's current epoch."""
+
+    def __init__(self, loader: EpochLoader, trainer: lightning.Trainer):
+        self.loader, self.trainer = loader, trainer
+
+    def __len__(self) -> int:
+        return self.loader.batches
+
+    def __iter__(self) -> Iterator:
+        self.loader.set_epoch(self.trainer.current_epoch)
+        return iter(self.loader)
+
+
+class ShardDataModule(lightning.LightningDataModule):
+    """Training and validation batches from a shard index (or URL spec), one share per rank."""
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        cfg.validate()
+        refuse_uneven_modes(cfg)
+        self.cfg = cfg
+        data = cfg.data
+        self.source = resolve_source(
+            data.shards, data.train_urls, data.val_urls, data.train_samples, data.num_classes, data.io_timeout
+        )
+        self.schedule: Schedule | None = None
+        self.train_batches: EpochLoader | None = None
+        self.val_batches: EpochLoader | None = None
+
+    def setup(self, stage: str) -> None:
+        """Check the launch with the planner and build this rank's loaders."""
+        trainer = self.trainer
+        world = trainer.world_size
+        preflight_check(self.cfg, self.source.train_sizes, world)
+        self.schedule = Schedule.of(self.cfg, self.source.train_samples, self.source.train_sizes, world)
+        info = DistInfo(trainer.global_rank, world, trainer.local_rank, trainer.strategy.root_device)
+        # Every rank built the model from the same seed; from here each crops differently, as under `train`.
+        seed_augmentation(self.cfg.run.seed, trainer.global_rank)
+        self.train_batches = train_loader(self.cfg, info, self.source, self.schedule)
+        self.val_batches = val_loader(self.cfg, info, self.source)
+
+    def train_dataloader(self) -> EpochBatches:
+        return EpochBatches(self.train_batches, self.trainer)
+
+    def val_dataloader(self) -> EpochLoader | list:
+        return self.val_batches or []
+
+
+class ImagenetModule(lightning.LightningModule):
+    """The model, SGD parameter groups, warmup+cosine LR per step, loss and top-1/top-5 of `imagenet-train train`."""
+
+    def __init__(self, cfg: Config, num_classes: int):
+        super().__init__()
+        self.cfg = cfg
+        torch.manual_seed(cfg.run.seed)
+        self.model = build_model(cfg.run.arch, num_classes)
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+        self.topk = min(5, num_classes)
+        self.totals = torch.zeros(4, dtype=torch.float64)  # loss sum, top-1 hits, top-k hits, samples
+        self.history: list[dict] = []  # per-epoch validation metrics, identical on every rank
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.trainer.datamodule.schedule
+
+    def setup(self, stage: str) -> None:
+        """The LR schedule spans --epochs: the Trainer must run exactly as many."""
+        if self.trainer.max_epochs != self.schedule.epochs:
+            raise ImagenetTrainError(
+                f"Trainer(max_epochs={self.trainer.max_epochs}): must be {self.schedule.epochs}, the run's --epochs"
+            )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        optim = self.cfg.optim
+        return torch.optim.SGD(
+            parameter_groups(self.model, optim.weight_decay),
+            lr=self.schedule.base_lr,
+            momentum=optim.momentum,
+            nesterov=optim.nesterov,
+        )
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        images, labels, _ = batch
+        lr = self.schedule.lr(self.current_epoch, batch_idx, self.schedule.epoch_batches(self.current_epoch))
+        for group in self.optimizers().param_groups:
+            group["lr"] = lr
+        loss = self.criterion(self.model(normalize(images, False)), labels)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(labels))
+        self.log("lr", lr, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(labels))
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self.totals = torch.zeros(4, dtype=torch.float64, device=self.device)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        images, labels, _ = batch
+        logits = self.model(normalize(images, False))
+        hits = logits.topk(self.topk, dim=1).indices.eq(labels.view(-1, 1))
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        batch_totals = [loss, hits[:, 0].sum(), hits.any(dim=1).sum(), torch.tensor(len(labels), device=self.device)]
+        self.totals += torch.stack([value.double() for value in batch_totals])
+
+    def on_validation_epoch_end(self) -> None:
+        loss, top1, topk, count = self.trainer.strategy.reduce(self.totals, reduce_op="sum").tolist()
+        if self.trainer.sanity_checking or count == 0:
+            return
+        metrics = {"val_loss": loss / count, "top1": top1 / count, f"top{self.topk}": topk / count}
+        self.log_dict(metrics, sync_dist=True)  # the same numbers on every rank: the mean changes nothing
+        self.history.append({"epoch": self.current_epoch, **metrics, "val_samples": int(count)})

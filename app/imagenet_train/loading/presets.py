@@ -1,0 +1,126 @@
+"""Decoding and augmentation: what a sample's JPEG becomes before batching (uint8), and normalisation after."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import simplejpeg
+import torch
+from PIL import Image
+
+from imagenet_train.compat import ensure_torchvision
+from imagenet_train.loading.crops import random_resized_crop_box
+
+ensure_torchvision()
+from torchvision.transforms import v2  # noqa: E402
+from torchvision.transforms.v2 import functional  # noqa: E402
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def decode_pil(data: bytes) -> torch.Tensor:
+    """Any PIL-readable bytes to a uint8 CHW RGB tensor."""
+    with Image.open(io.BytesIO(data)) as image:
+        array = np.asarray(image.convert("RGB"))
+    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
+
+
+def decode_rgb(data: bytes) -> torch.Tensor:
+    """JPEG (or any PIL-readable) bytes to a uint8 CHW RGB tensor; libjpeg-turbo first, PIL as fallback."""
+    try:
+        array = simplejpeg.decode_jpeg(data, colorspace="RGB")
+    except ValueError:
+        return decode_pil(data)
+    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
+
+
+@dataclass(frozen=True)
+class DecodeThen:
+    """bytes → uint8 CHW tensor: decode, then a transform on the decoded image (picklable for workers)."""
+
+    decode: Callable[[bytes], torch.Tensor]
+    transform: Callable[[torch.Tensor], torch.Tensor]
+
+    def __call__(self, data: bytes) -> torch.Tensor:
+        return self.transform(self.decode(data))
+
+
+@dataclass(frozen=True)
+class RandomResizedCropFlip:
+    """v2.RandomResizedCrop + RandomHorizontalFlip on a uint8 CHW tensor: the same random draws, called
+    directly (the v2 container's dispatch costs as much as the resize itself)."""
+
+    size: int
+    scale: tuple[float, float]
+    hflip: bool
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        box = random_resized_crop_box(image.shape[-2], image.shape[-1], self.scale)
+        out = functional.resized_crop(image, box.top, box.left, box.height, box.width, [self.size] * 2, antialias=True)
+        if self.hflip and torch.rand(1).item() < 0.5:
+            out = out.flip(-1)
+        return out
+
+
+@dataclass(frozen=True)
+class TrainPreset:
+    """RandomResizedCrop to `size` (area fraction from `min_scale` to 1) and an optional horizontal flip.
+
+    `decoder` picks how: simplejpeg or pil decode the whole image and crop the uint8 tensor; fused crops and
+    scales inside libjpeg-turbo (imagenet_train.loading.jpegcrop). All three draw the same crop distribution.
+    """
+
+    size: int = 224
+    min_scale: float = 0.08
+    hflip: bool = True
+    decoder: str = "simplejpeg"
+
+    def build(self) -> Callable[[bytes], torch.Tensor]:
+        if self.decoder == "fused":
+            from imagenet_train.loading.jpegcrop import FusedCropDecoder
+
+            return FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip)
+        crop = RandomResizedCropFlip(self.size, (self.min_scale, 1.0), self.hflip)
+        return DecodeThen(decode_pil if self.decoder == "pil" else decode_rgb, crop)
+
+
+@dataclass(frozen=True)
+class ValPreset:
+    """Resize the short side to `resize` (default size / 0.875), then centre-crop `size`."""
+
+    size: int = 224
+    resize: int | None = None
+
+    def build(self) -> Callable[[bytes], torch.Tensor]:
+        resize = self.resize or round(self.size / 0.875)
+        return DecodeThen(decode_rgb, v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(self.size)]))
+
+
+_CONSTANTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def normalize_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """ImageNet mean and std (x255) as (1, 3, 1, 1) float tensors on `device`, built once per device.
+
+    Building them per call would be two blocking host-to-device copies per step on a GPU.
+    """
+    if device not in _CONSTANTS:
+        mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
+        std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
+        _CONSTANTS[device] = (mean, std)
+    return _CONSTANTS[device]
+
+
+def normalize(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
+    """uint8 NCHW batch (on its device) to float, ImageNet-normalised; done after the copy to save bandwidth.
+
+    A float batch is taken as already normalised (the DALI decoder does it on the GPU).
+    """
+    if images.dtype == torch.uint8:
+        mean, std = normalize_constants(images.device)
+        images = images.float().sub_(mean).div_(std)
+    return images.contiguous(memory_format=torch.channels_last) if channels_last else images

@@ -1,0 +1,122 @@
+"""`plan --simulate`: run the real shard assignment and tar reading for every virtual rank and worker.
+
+No torch.distributed and no DataLoader processes: each (rank, worker) stream is the loader's own
+code (`ShardStream.shard_urls`, `read_shards`, `batched`) driven in this process, without decoding,
+so the planner's arithmetic can be checked against what really comes out of the shards.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from imagenet_train.loading.pipeline import ShardReading, ShardStream, batched, read_shards
+from imagenet_train.planning import plan
+from imagenet_train.planning.plan import Mode
+
+READING = ShardReading(io_timeout=0, on_broken="fail")  # the simulation reports damage rather than hiding it
+
+
+@dataclass
+class SimulatedRank:
+    rank: int
+    batches: int = 0
+    samples: int = 0
+    opened: list[list[str]] = field(default_factory=list)  # per worker, shard URLs in the order opened
+
+
+class _Counter:
+    """The queue's counter for streams that all live in this process."""
+
+    def __init__(self):
+        self.next = 0
+
+    def claim(self, epoch: int) -> int:
+        self.next += 1
+        return self.next - 1
+
+
+def _stream(urls: list[str], setup: plan.Setup, rank: int, queue=None) -> ShardStream:
+    return ShardStream(
+        urls=urls,
+        transform=None,
+        batch_size=setup.batch_size,
+        rank=rank,
+        world=setup.world,
+        resampled=setup.mode is Mode.RESAMPLED,
+        seed=setup.seed,
+        epoch=setup.epoch,
+        reading=READING,
+        queue=queue,
+        repeat=setup.repeat,
+    )
+
+
+def _simulate_queue(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
+    """All ranks' workers claim shards from one counter, taking turns sample by sample."""
+    counter, workers = _Counter(), max(setup.workers, 1)
+    results = [SimulatedRank(rank, opened=[[] for _ in range(workers)]) for rank in range(setup.world)]
+    streams, counts = {}, {}
+    for rank in range(setup.world):
+        stream = _stream(urls, setup, rank, counter)
+        for worker in range(workers):
+            shard_urls = _recording(stream.shard_urls(worker, workers), results[rank].opened[worker])
+            streams[rank, worker] = read_shards(shard_urls, READING)
+            counts[rank, worker] = 0
+    while streams:
+        for slot in list(streams):
+            if next(streams[slot], None) is None:
+                del streams[slot]
+            else:
+                counts[slot] += 1
+    for (rank, _), samples in counts.items():
+        results[rank].samples += samples
+        results[rank].batches += sum(plan.batches_for(samples, setup.batch_size))
+    return results
+
+
+def _recording(urls, opened: list[str]):
+    for url in urls:
+        opened.append(url)
+        yield url
+
+
+def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
+    """Batches and samples each virtual rank really gets in one epoch of `setup`."""
+    if setup.mode is Mode.QUEUE:
+        return _simulate_queue(urls, setup)
+    results = []
+    for rank in range(setup.world):
+        stream = _stream(urls, setup, rank)
+        result = SimulatedRank(rank)
+        if setup.mode is Mode.SPLIT:
+            workers = plan.loader_workers(stream.rank_shards(), setup.workers)
+            for worker in range(max(workers, 1)):
+                opened: list[str] = []
+                shard_urls = _recording(stream.shard_urls(worker, max(workers, 1)), opened)
+                keys = (sample["__key__"] for sample in read_shards(shard_urls, READING))
+                for batch in batched(keys, setup.batch_size, partial=True, collate_fn=list):
+                    result.batches += 1
+                    result.samples += len(batch)
+                result.opened.append(opened)
+            if setup.epoch_batches and result.batches > setup.epoch_batches:  # the loader's cut, batch-exact
+                result.batches = setup.epoch_batches
+        else:
+            nominal = plan.assess(setup).ranks[rank].batches
+            workers = max(setup.workers, 1)
+            opened_lists = [[] for _ in range(workers)]
+            streams = [
+                read_shards(
+                    _recording(stream.shard_urls(w, workers), opened_lists[w]), READING, None, 2 * len(urls) + 8
+                )
+                for w in range(workers)
+            ]
+            # Resampled worker streams never end; zip interleaves them as the DataLoader's round-robin does.
+            interleaved = (s for group in zip(*streams, strict=False) for s in group)
+            keys = (sample["__key__"] for sample in interleaved)
+            for batch in itertools.islice(batched(keys, setup.batch_size, partial=False, collate_fn=list), nominal):
+                result.batches += 1
+                result.samples += len(batch)
+            result.opened = opened_lists
+        results.append(result)
+    return results

@@ -1,0 +1,1 @@
+"""Operations around training: the nginx shard server and the readiness probe."""

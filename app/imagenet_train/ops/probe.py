@@ -1,0 +1,71 @@
+"""`imagenet-train probe`: is the shard source ready? Fetch the index and read one shard end to end.
+
+The chart runs it twice: inside every training pod before torchrun (`imagenet-train launch --wait-for`, so
+a job never starts before its shard server answers or a bucket fill has written the index) and as the
+`helm test` hook.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from imagenet_train.datasets.index import ShardIndex, load_index
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io import storage, tarstream
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    index: str
+    shards: int
+    samples: int
+    shard: str
+    shard_bytes: int
+    shard_samples: int
+
+
+def read_shard(url: str, io_timeout: float) -> tuple[int, int]:
+    """Bytes and samples (distinct keys) of one shard, read through the loaders' own opener and tar reader."""
+    with storage.open_stream(url, io_timeout=io_timeout) as raw:
+        counter = _CountingReader(raw)
+        try:
+            keys = {name.split(".", 1)[0] for name, _ in tarstream.members(counter)}
+        except tarstream.TarFormatError as error:
+            raise ImagenetTrainError(f"{url}: not a readable tar shard ({error})") from None
+    return counter.count, len(keys)
+
+
+class _CountingReader:
+    def __init__(self, raw):
+        self.raw, self.count = raw, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.count += len(data)
+        return data
+
+
+def probe(location: str, split: str = "train", io_timeout: float = 0.0) -> ProbeResult:
+    """Load the index and read its first shard of `split`; errors name what failed."""
+    index: ShardIndex = load_index(location, io_timeout=io_timeout)
+    urls, sizes = index.urls(split), index.sizes(split)
+    if not urls:
+        raise ImagenetTrainError(f"{index.location}: split '{split}' lists no shards")
+    nbytes, nsamples = read_shard(urls[0], io_timeout)
+    if nsamples != sizes[0]:
+        raise ImagenetTrainError(f"{urls[0]}: {nsamples} samples, the index says {sizes[0]}")
+    return ProbeResult(index.location, len(urls), sum(sizes), urls[0], nbytes, nsamples)
+
+
+def wait_for(location: str, timeout: float, interval: float = 1.0, split: str = "train") -> ProbeResult:
+    """Probe until it succeeds or `timeout` seconds pass; the last error is reported."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return probe(location, split)
+        except ImagenetTrainError as error:
+            if time.monotonic() + interval > deadline:
+                raise ImagenetTrainError(f"{error} (still failing after {timeout:.0f} s)") from None
+            print(f"waiting for shards: {error}", flush=True)
+            time.sleep(interval)

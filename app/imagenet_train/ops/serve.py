@@ -1,0 +1,146 @@
+"""Serving a shard directory with a real nginx: own config, prefix, pid and logs in a private directory."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from importlib import resources
+from pathlib import Path
+
+from imagenet_train.errors import ImagenetTrainError
+
+MAIN_CONFIG = """\
+daemon off;
+{user}
+worker_processes {workers};
+pid {state}/nginx.pid;
+error_log {state}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log {access_log};
+    client_body_temp_path {state}/client_body;
+    proxy_temp_path {state}/proxy;
+    fastcgi_temp_path {state}/fastcgi;
+    uwsgi_temp_path {state}/uwsgi;
+    scgi_temp_path {state}/scgi;
+    server {{
+        listen {host}:{port};
+        root {root};
+        include {tuning};
+    }}
+}}
+"""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def nginx_binary() -> str:
+    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    if not found:
+        raise ImagenetTrainError("nginx: not installed (apt-get install -y nginx)")
+    return found
+
+
+class NginxServer:
+    """A shard server on host:port for `root`; use as a context manager, stopped by its pid."""
+
+    def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, workers: int = 2, access_log: bool = False):
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise ImagenetTrainError(f"{root}: shard directory does not exist")
+        self.host, self.port, self.workers = host, port or free_port(host), workers
+        self.access_log = access_log
+        self.state: Path | None = None
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def config_text(self, state: Path) -> str:
+        tuning = resources.files("imagenet_train") / "nginx" / "nginx.conf"
+        return MAIN_CONFIG.format(
+            user=self._user_directive(),
+            workers=self.workers,
+            state=state,
+            host=self.host,
+            port=self.port,
+            root=self.root,
+            tuning=tuning,
+            access_log=f"{state}/access.log" if self.access_log else "off",
+        )
+
+    def _user_directive(self) -> str:
+        # Started as root, nginx workers would drop to `nobody` and could not read a private
+        # directory: serve the files as the user who owns them instead.
+        if os.geteuid() != 0:
+            return ""
+        owner = self.root.stat()
+        return f"user {pwd.getpwuid(owner.st_uid).pw_name} {grp.getgrgid(owner.st_gid).gr_name};"
+
+    def start(self, timeout: float = 10.0) -> NginxServer:
+        self.state = Path(tempfile.mkdtemp(prefix="imagenet-train-nginx-"))
+        config = self.state / "nginx.conf"
+        config.write_text(self.config_text(self.state))
+        self.process = subprocess.Popen(
+            [nginx_binary(), "-p", str(self.state), "-c", str(config), "-e", str(self.state / "error.log")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                error = (self.process.stderr.read() or b"").decode().strip().splitlines()
+                raise ImagenetTrainError(
+                    f"nginx on {self.host}:{self.port} failed to start: "
+                    f"{error[-1] if error else 'exit ' + str(self.process.returncode)}"
+                )
+            try:
+                urllib.request.urlopen(self.url + "/", timeout=1).close()
+                return self
+            except urllib.error.HTTPError as error:
+                self.stop()
+                raise ImagenetTrainError(f"nginx on {self.url} answers HTTP {error.code} for {self.root}") from None
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise ImagenetTrainError(f"nginx on {self.host}:{self.port}: no answer within {timeout:.0f}s")
+
+    @property
+    def pid(self) -> int | None:
+        pid_file = self.state / "nginx.pid" if self.state else None
+        if pid_file and pid_file.exists():
+            return int(pid_file.read_text().strip())
+        return self.process.pid if self.process else None
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.state:
+            shutil.rmtree(self.state, ignore_errors=True)
+        self.process = None
+
+    def __enter__(self) -> NginxServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,310 @@
+"""Epoch, shard and batch arithmetic shared by the loaders, the loop and the planner. No torch, no I/O."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from imagenet_train.errors import ImagenetTrainError
+
+
+class Mode(str, Enum):
+    """How shards reach the ranks (the value is the --mode word)."""
+
+    RESAMPLED = "resampled"  # shards drawn at random: equal batches per rank by construction
+    SPLIT = "split"  # every sample once, shards split over ranks and workers; the step runs under Join
+    QUEUE = "queue"  # every sample once, shards handed out at run time to whichever rank is free
+
+
+class Verdict(str, Enum):
+    """The planner's judgement of a launch."""
+
+    OK = "OK"
+    WARN = "WARN"
+    HANG = "WILL HANG"
+
+
+def assigned(items: Sequence, index: int, count: int) -> list:
+    """Every `count`-th item starting at `index`: how shards split over ranks, then over workers."""
+    return list(items[index::count])
+
+
+def epoch_order(nshards: int, seed: int, epoch: int) -> list[int]:
+    """Shard order for one epoch: a permutation identical on every rank, different every epoch."""
+    order = list(range(nshards))
+    random.Random(f"{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def worker_shards(order: Sequence[int], rank: int, world: int, worker: int, workers: int) -> list[int]:
+    """The shards one DataLoader worker of one rank reads in split mode (ranks first, then workers)."""
+    return assigned(assigned(order, rank, world), worker, workers)
+
+
+def batches_for(samples: int, batch_size: int) -> tuple[int, int]:
+    """(full, partial) batches a worker makes of `samples`; a lone leftover sample joins the last full batch."""
+    full, rest = divmod(samples, batch_size)
+    return full, 1 if rest and not (rest == 1 and full) else 0
+
+
+def loader_workers(nshards_for_rank: int, workers: int) -> int:
+    """DataLoader workers worth starting: never more than the rank has shards (idle workers fail)."""
+    return max(0, min(workers, nshards_for_rank))
+
+
+def resampled_epoch_batches(total_samples: int, batch_size: int, world_size: int) -> int:
+    """Batches per rank per epoch when shards are resampled: one pass over the data in total."""
+    batches = total_samples // (batch_size * world_size)
+    if batches < 1:
+        raise ImagenetTrainError(
+            f"epoch length: {total_samples} samples cannot fill one batch of {batch_size} on each of "
+            f"{world_size} ranks; lower --batch-size or pass --epoch-batches"
+        )
+    return batches
+
+
+def lr_at(step: int, total_steps: int, warmup_steps: int, base_lr: float, final_lr: float = 0.0) -> float:
+    """Learning rate at a global step: linear warmup from ~0, then cosine decay to `final_lr`."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return final_lr + 0.5 * (base_lr - final_lr) * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A launch configuration to check before any GPU is spent."""
+
+    shard_sizes: tuple[int, ...]
+    nodes: int = 1
+    gpus_per_node: int = 1
+    workers: int = 8
+    batch_size: int = 256
+    mode: Mode = Mode.RESAMPLED
+    epoch_batches: int = 0  # resampled: 0 is one pass over the data; split: 0 is every shard once, else a cut
+    repeat: int = 1  # split: each worker reads its shard list this many times per epoch
+    join: bool = True  # split mode: the step runs under torch.distributed Join (imagenet-train always does)
+    seed: int = 0
+    epoch: int = 0
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "mode", Mode(self.mode))
+        except ValueError:
+            raise ImagenetTrainError(f"plan: --mode must be resampled, split or queue, got '{self.mode}'") from None
+
+    @classmethod
+    def of(cls, data: Any, seed: int, shard_sizes: Sequence[int], **given: Any) -> Setup:
+        """The one way a run's Setup is made: workers, batch_size, mode, epoch_batches and repeat come from
+        `data` (the training config's data section, or the `plan` command's options) unless `given`."""
+        taken = {name: getattr(data, name) for name in ("workers", "batch_size", "mode", "epoch_batches", "repeat")}
+        return cls(tuple(shard_sizes), seed=seed, **(taken | given))
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    shards: tuple[int, ...]
+    workers: int
+    samples: int
+    full_batches: int
+    partial_batches: int
+    batches: int
+    worker_shards: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Assessment:
+    setup: Setup
+    ranks: tuple[RankPlan, ...]
+    samples_per_epoch: int  # what the ranks consume together
+    dropped: int  # samples of the data not seen this epoch
+    duplicated: int  # samples seen more than once this epoch (resampled: expected draws beyond the data)
+    level: Verdict
+    reason: str  # why, for WARN and WILL HANG
+    notes: tuple[str, ...]
+    fix: str
+    verdict: str = field(init=False)  # "OK", "WARN: reason", "WILL HANG: reason": what people and --json read
+
+    def __post_init__(self) -> None:
+        text = self.level.value if self.level is Verdict.OK else f"{self.level.value}: {self.reason}"
+        object.__setattr__(self, "verdict", text)
+
+    @property
+    def hangs(self) -> bool:
+        return self.level is Verdict.HANG
+
+
+def rank_plans(setup: Setup) -> list[RankPlan]:
+    """Each rank's shards, workers, samples and batches for one epoch of `setup` (no verdict)."""
+    sizes = setup.shard_sizes
+    ranks = []
+    if setup.mode is Mode.RESAMPLED:
+        batches = setup.epoch_batches or max(0, sum(sizes) // max(1, setup.batch_size * setup.world))
+        for rank in range(setup.world):
+            ranks.append(
+                RankPlan(
+                    rank, tuple(range(len(sizes))), setup.workers, batches * setup.batch_size, batches, 0, batches, ()
+                )
+            )
+        return ranks
+    if setup.mode is Mode.QUEUE:
+        # Shards go to whichever worker asks first: only the even share of each rank can be planned.
+        for rank in range(setup.world):
+            share = len(assigned(range(sum(sizes)), rank, setup.world))
+            full, partial = batches_for(share, setup.batch_size)
+            ranks.append(RankPlan(rank, (), setup.workers, share, full, partial, full + partial, ()))
+        return ranks
+    order = epoch_order(len(sizes), setup.seed, setup.epoch)
+    for rank in range(setup.world):
+        mine = assigned(order, rank, setup.world)
+        nworkers = loader_workers(len(mine), setup.workers)
+        per_worker = [tuple(assigned(mine, w, max(nworkers, 1))) for w in range(max(nworkers, 1))]
+        full = partial = 0
+        for shards in per_worker:
+            worker_full, worker_partial = batches_for(sum(sizes[s] for s in shards) * setup.repeat, setup.batch_size)
+            full += worker_full
+            partial += worker_partial
+        runs = min(setup.epoch_batches, full + partial) if setup.epoch_batches else full + partial
+        samples = sum(sizes[s] for s in mine) * setup.repeat
+        ranks.append(RankPlan(rank, tuple(mine), nworkers, samples, full, partial, runs, tuple(per_worker)))
+    return ranks
+
+
+def assess(setup: Setup) -> Assessment:
+    """Per-rank shards and batches for one epoch, what is dropped or repeated, and whether DDP will hang."""
+    if setup.world < 1 or setup.batch_size < 1 or setup.workers < 0:
+        raise ImagenetTrainError("plan: nodes, gpus per node and batch size must be at least 1")
+    if not setup.shard_sizes:
+        raise ImagenetTrainError("plan: no shards")
+    ranks = rank_plans(setup)
+    total = sum(setup.shard_sizes)
+    counts = [r.batches for r in ranks]
+    notes: list[str] = []
+    (level, reason), fix = (Verdict.OK, ""), ""
+    if setup.mode is Mode.RESAMPLED:
+        consumed = counts[0] * setup.batch_size * setup.world
+        dropped, duplicated = max(0, total - consumed), max(0, consumed - total)
+        if counts[0] == 0:
+            level = Verdict.HANG
+            reason = f"{total} samples cannot fill one batch of {setup.batch_size} on {setup.world} ranks"
+            fix = "lower --batch-size or set --epoch-batches"
+        elif consumed > total:
+            level = Verdict.WARN
+            reason = f"an epoch draws {consumed} samples from {total}: {consumed - total} repeats per epoch"
+            fix = f"--epoch-batches {total // (setup.batch_size * setup.world)} for one pass over the data"
+        else:
+            notes.append(
+                "resampled: shards are drawn with replacement, so some samples repeat and others wait "
+                "for a later epoch; every rank gets exactly the same number of batches"
+            )
+        return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, level, reason, tuple(notes), fix)
+    if setup.mode is Mode.QUEUE:
+        notes.append(
+            "queue: shards are handed out at run time, so a rank's batches follow its speed; the "
+            "counts above are even shares, every sample is read once"
+        )
+        if not setup.join and setup.world > 1:
+            level, reason = Verdict.HANG, "queue mode gives ranks different batch counts and the step has no Join"
+            fix = "run the step under Join (imagenet-train does) or use --mode resampled"
+        elif len(setup.shard_sizes) < setup.world * max(setup.workers, 1):
+            level = Verdict.WARN
+            reason = (
+                f"{len(setup.shard_sizes)} shards for {setup.world * max(setup.workers, 1)} workers: "
+                "some workers never get a shard"
+            )
+            fix = "more, smaller shards (lower --maxcount)"
+        return Assessment(setup, tuple(ranks), total, 0, 0, level, reason, tuple(notes), fix)
+    idle_ranks = [r.rank for r in ranks if not r.shards]
+    idle_workers = [(r.rank, setup.workers - r.workers) for r in ranks if r.shards and r.workers < setup.workers]
+    if idle_workers:
+        rank, idle = idle_workers[0]
+        notes.append(
+            f"{len(idle_workers)} ranks have fewer shards than --workers (rank {rank}: {idle} idle); "
+            "the loader starts only as many workers as shards"
+        )
+    if setup.epoch_batches:
+        return _assess_cut_split(setup, ranks, total, notes)
+    if len(set(counts)) > 1 and not setup.join:
+        level = Verdict.HANG
+        reason = (
+            f"ranks get {min(counts)}..{max(counts)} batches and the step has no Join; "
+            "DDP waits forever on the ranks that finished first"
+        )
+        fix = (
+            f"run the step under Join (imagenet-train does), or --mode resampled, or stop every rank at "
+            f"{min(counts)} batches (drops {sum(counts) - min(counts) * len(counts)} batches)"
+        )
+    elif idle_ranks:
+        level = Verdict.WARN
+        reason = (
+            f"{len(idle_ranks)} of {setup.world} ranks get no shard (first: rank {idle_ranks[0]}) and idle all epoch"
+        )
+        fix = f"make at least {setup.world} shards (smaller --maxcount) or use --mode resampled"
+    elif len(set(counts)) > 1:
+        waste = sum(max(counts) - c for c in counts)
+        level = Verdict.WARN
+        reason = (
+            f"ranks get {min(counts)}..{max(counts)} batches; Join shadows {waste} steps of the ranks that finish first"
+        )
+        fix = "shards that divide evenly over ranks x workers, or --mode resampled"
+    return Assessment(setup, tuple(ranks), total, 0, 0, level, reason, tuple(notes), fix)
+
+
+def _assess_cut_split(setup: Setup, ranks: list[RankPlan], total: int, notes: list[str]) -> Assessment:
+    """Split mode cut at --epoch-batches (the classic fixed-length epoch): does every rank get there?"""
+    target = setup.epoch_batches
+    available = [r.full_batches + r.partial_batches for r in ranks]
+    consumed = sum(min(target * setup.batch_size, r.samples) for r in ranks)
+    dropped, duplicated = max(0, total - consumed), max(0, consumed - total)
+    short = [r.rank for r, a in zip(ranks, available, strict=True) if a < target]
+    if not short:
+        return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, Verdict.OK, "", tuple(notes), "")
+    per_repeat = min(available) / setup.repeat
+    repeat = math.ceil(target / per_repeat) if per_repeat else 0
+    fixes = [f"--epoch-batches {min(available)}"] + ([f"--repeat {repeat}"] if repeat else [])
+    reason = f"{len(short)} ranks run out before --epoch-batches {target} (rank {short[0]} has {available[short[0]]})"
+    level, reason = (
+        (Verdict.HANG, f"{reason} and the step has no Join")
+        if not setup.join
+        else (Verdict.WARN, f"{reason}; Join evens them out")
+    )
+    fix = " or ".join(fixes)
+    return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, level, reason, tuple(notes), fix)
+
+
+def format_assessment(assessment: Assessment, show_workers: bool = False) -> str:
+    """The human table: one row per rank, then the epoch totals, the verdict and a suggested fix."""
+    setup = assessment.setup
+    lines = [
+        f"plan: {len(setup.shard_sizes)} shards, {sum(setup.shard_sizes)} samples; {setup.nodes} nodes x "
+        f"{setup.gpus_per_node} GPUs = {setup.world} ranks; {setup.workers} workers/rank; batch {setup.batch_size}; "
+        f"mode {setup.mode}",
+        f"{'rank':>5} {'shards':>7} {'workers':>8} {'samples':>9} {'full':>6} {'partial':>8} {'batches':>8}",
+    ]
+    for r in assessment.ranks:
+        lines.append(
+            f"{r.rank:>5} {len(r.shards):>7} {r.workers:>8} {r.samples:>9} {r.full_batches:>6} "
+            f"{r.partial_batches:>8} {r.batches:>8}"
+        )
+        if show_workers:
+            for worker, shards in enumerate(r.worker_shards):
+                lines.append(f"{'':>5}   worker {worker}: shards {', '.join(map(str, shards)) or '-'}")
+    lines.append(
+        f"per epoch: {assessment.samples_per_epoch} samples consumed, {assessment.dropped} not seen, "
+        f"{assessment.duplicated} repeated"
+    )
+    lines += [f"note: {note}" for note in assessment.notes]
+    lines.append(f"verdict: {assessment.verdict}")
+    if assessment.fix:
+        lines.append(f"suggested fix: {assessment.fix}")
+    return "\n".join(lines)

@@ -1,0 +1,665 @@
+"""The DDP training loop: epochs of train steps (under Join in split mode), evaluation, metrics, checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from imagenet_train.compat import ensure_torchvision
+from imagenet_train.config import Config
+from imagenet_train.errors import ImagenetTrainError, Preempted
+from imagenet_train.loading.dali import DaliAugment, DaliDecoder, jpeg_bytes, pack_jpegs
+from imagenet_train.loading.pipeline import (
+    DataSource,
+    EpochLoader,
+    ShardReading,
+    ShardStream,
+    resolve_source,
+    worker_context,
+)
+from imagenet_train.loading.prefetch import device_batches
+from imagenet_train.loading.presets import TrainPreset, ValPreset, normalize
+from imagenet_train.loading.shard_queue import job_queue
+from imagenet_train.planning import plan
+from imagenet_train.planning.plan import Mode
+from imagenet_train.planning.position import KeyLog, Position, consumed_keys
+from imagenet_train.planning.schedule import Schedule
+from imagenet_train.training import checkpoint
+from imagenet_train.training.data_wait import DataWait
+from imagenet_train.training.dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
+from imagenet_train.training.events import EpochEvents
+from imagenet_train.training.preempt import StepVote, StopRequest
+from imagenet_train.training.results import ResultsUploader, fetch_for_resume
+
+log = logging.getLogger(__name__)
+
+STOP_UPLOAD_S = 30.0  # after a pre-emption signal, how long the results mirror may take (part of the grace period)
+
+
+def build_model(arch: str, num_classes: int) -> torch.nn.Module:
+    """A torchvision classification model by name, randomly initialised."""
+    ensure_torchvision()
+    import torchvision
+
+    names = torchvision.models.list_models(module=torchvision.models)
+    if arch not in names:
+        raise ImagenetTrainError(f"--arch: unknown model '{arch}' (torchvision has e.g. resnet18, resnet50)")
+    return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+
+
+def augmentation_seed(seed: int, rank: int) -> int:
+    """The seed of a rank's augmentation: each rank draws its own crops, reproducibly."""
+    return seed + 1000 * rank
+
+
+def seed_augmentation(seed: int, rank: int) -> None:
+    """Seed this process's torch RNG for `rank`'s augmentation (in-process, and the DataLoader workers' seeds).
+
+    Call it after the model is built from the shared seed: every rank must start with the same weights but
+    crop differently, or both halves of each global batch get the same crops.
+    """
+    torch.manual_seed(augmentation_seed(seed, rank))
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on weights only: not on biases and normalisation parameters."""
+    decay, no_decay = [], []
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            (no_decay if parameter.ndim <= 1 else decay).append(parameter)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype: bf16 on capable GPUs under 'auto', nothing on CPU unless asked."""
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return None
+    if mode == "fp16":
+        return torch.float16
+    if mode == "auto" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def preflight_check(cfg: Config, train_sizes: list[int] | None, world: int) -> plan.Assessment | None:
+    """The planner's verdict on `world` ranks training `cfg`; raises if they would hang (unless --force)."""
+    if train_sizes is None:
+        return None
+    setup = plan.Setup.of(cfg.data, cfg.run.seed, train_sizes, gpus_per_node=world)
+    assessment = plan.assess(setup)
+    if assessment.hangs and not cfg.run.force:
+        raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
+    return assessment
+
+
+def shard_reading(cfg: Config, source: DataSource) -> ShardReading:
+    """How the loaders read shards: the outage budget, broken-shard policy, expected sizes and cache."""
+    data = cfg.data
+    return ShardReading(data.io_timeout, data.on_broken_shard, source.expected, data.cache_dir)
+
+
+def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Schedule, queue=None) -> EpochLoader:
+    """This rank's training batches: equal counts per rank in resampled mode, every sample once otherwise."""
+    data = cfg.data
+    exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
+    dali = data.decoder == "dali"  # workers hand over the JPEG bytes; DALI decodes them in the rank
+    preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder)
+    stream = ShardStream(
+        urls=source.train_urls,
+        transform=jpeg_bytes if dali else preset.build(),
+        collate_fn=pack_jpegs if dali else None,
+        batch_size=data.batch_size,
+        rank=info.rank,
+        world=info.world,
+        resampled=not exact,
+        queue=queue,
+        repeat=data.repeat,
+        shuffle_buffer=data.shuffle_buffer,
+        seed=cfg.run.seed,
+        reading=shard_reading(cfg, source),
+    )
+    return EpochLoader(
+        stream,
+        data.workers,
+        None if exact else schedule.epoch_batches(0),
+        pin_memory=info.device.type == "cuda" and not dali,
+        timeout=data.loader_timeout,
+    )
+
+
+def val_loader(cfg: Config, info: DistInfo, source: DataSource) -> EpochLoader | None:
+    """This rank's share of the validation shards, read once in order (None without val shards)."""
+    if not source.val_urls:
+        return None
+    data = cfg.data
+    dali = data.decoder == "dali"
+    stream = ShardStream(
+        urls=source.val_urls,
+        transform=jpeg_bytes if dali else ValPreset(data.image_size, data.val_resize or None).build(),
+        collate_fn=pack_jpegs if dali else None,
+        batch_size=data.batch_size,
+        rank=info.rank,
+        world=info.world,
+        resampled=False,
+        shuffle_shards=False,
+        shuffle_buffer=0,
+        reading=shard_reading(cfg, source),
+    )
+    pin = info.device.type == "cuda" and not dali
+    return EpochLoader(stream, data.workers, pin_memory=pin, timeout=data.loader_timeout)
+
+
+class Trainer:
+    """One training run on one rank."""
+
+    def __init__(self, cfg: Config, info: DistInfo, source: DataSource, request: StopRequest | None = None):
+        self.cfg, self.info, self.source = cfg, info, source
+        self.vote = StepVote(request or StopRequest(), info)
+        self.stop_position: Position | None = None  # where a pre-emption stopped the epoch
+        self.stop_signal = 0
+        data, run = cfg.data, cfg.run
+        # split and queue read every sample once per epoch, with uneven batch counts evened out by Join.
+        self.exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
+        self.run_dir = Path(run.run_dir)
+        torch.manual_seed(run.seed)  # identical initial weights on every rank
+        model = build_model(run.arch, source.num_classes).to(info.device)
+        self.channels_last = run.channels_last and info.device.type == "cuda"
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.ddp = DistributedDataParallel(model) if info.enabled else model
+        if info.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed input shapes: pick the fastest kernels once
+        self.forward = self._compiled() if run.compile else self.ddp
+        seed_augmentation(run.seed, info.rank)
+        self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
+        self.global_batch, self.base_lr = self.schedule.global_batch, self.schedule.base_lr
+        self.optimizer = torch.optim.SGD(
+            parameter_groups(model, cfg.optim.weight_decay),
+            lr=self.base_lr,
+            momentum=cfg.optim.momentum,
+            nesterov=cfg.optim.nesterov,
+        )
+        self.amp = amp_dtype(run.amp, info.device)
+        self.scaler = torch.amp.GradScaler(info.device.type, enabled=self.amp == torch.float16)
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+        self.preflight()
+        self.dali: dict = {}  # loader -> its DaliDecoder, made on first use
+        self.train_augment = DaliAugment(data.image_size, True, data.min_crop_scale, data.hflip)
+        self.val_augment = DaliAugment(data.image_size, False, resize=data.val_resize or None)
+        self.train_loader = train_loader(cfg, info, source, self.schedule, self._queue())
+        self.val_loader = val_loader(cfg, info, source)
+        self.start_epoch = 0
+        self.position: Position | None = None  # set when resuming inside an epoch
+        # One uploader per node mirrors its run directory (rank 0's checkpoints, every rank's key logs).
+        self.uploader = (
+            ResultsUploader(self.run_dir, run.results, data.io_timeout)
+            if run.results and info.local_rank == 0
+            else None
+        )
+        self.events = EpochEvents(self.run_dir) if run.tensorboard and info.is_main else None
+
+    def _compiled(self) -> torch.nn.Module:
+        if self.exact and self.info.enabled:
+            if self.info.is_main:
+                log.warning("--compile: not applied in %s mode across ranks (Join's collectives)", self.cfg.data.mode)
+            return self.ddp
+        return torch.compile(self.ddp)
+
+    def preflight(self) -> None:
+        """The planner's check of this launch; every rank reaches the same verdict from the same inputs."""
+        assessment = preflight_check(self.cfg, self.source.train_sizes, self.info.world)
+        if assessment and self.info.is_main and assessment.level is not plan.Verdict.OK:
+            log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
+
+    def batches(self, loader: EpochLoader, augment: DaliAugment) -> Iterable:
+        """One epoch of `loader` as (images, labels, keys) on the device: decoded by DALI under --decoder dali,
+        else copied there one step ahead of the step that uses them."""
+        if self.cfg.data.decoder != "dali":
+            return device_batches(loader, self.info.device)
+        if loader not in self.dali:
+            self.dali[loader] = DaliDecoder(
+                loader,
+                augment,
+                self.cfg.data.batch_size,
+                self.info.device,
+                threads=max(self.cfg.data.workers, 1),
+                seed=augmentation_seed(self.cfg.run.seed, self.info.rank),
+            )
+        return device_batches(self.dali[loader], self.info.device)
+
+    def _queue(self):
+        """The run's shard queue in queue mode, under a name no earlier attempt of this run used."""
+        if self.cfg.data.mode != Mode.QUEUE:
+            return None
+        generation = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+        if self.info.enabled:
+            dist.broadcast(generation, src=0)
+        return job_queue(f"imagenet-train/queue/{int(generation)}", self.info.world, worker_context())
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def resume(self) -> None:
+        wanted = self.cfg.run.resume
+        if not wanted:
+            return
+        if wanted == "latest" and self.cfg.run.results:
+            if self.info.local_rank == 0:
+                fetched = fetch_for_resume(self.cfg.run.results, self.run_dir, self.cfg.data.io_timeout)
+                if self.info.is_main:
+                    print(f"fetched {fetched} files from {self.cfg.run.results} to resume", flush=True)
+            if self.info.enabled:
+                dist.barrier()
+        path = checkpoint.latest(str(self.run_dir)) if wanted == "latest" else Path(wanted)
+        if path is None:
+            if self.info.is_main:
+                log.warning("no checkpoint in %s; starting from epoch 0", self.run_dir)
+            return
+        if not path.is_file():
+            raise ImagenetTrainError(f"--resume: checkpoint {path} does not exist")
+        state = checkpoint.load(path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.start_epoch = int(state["epoch"]) + 1
+        where = ""
+        if state.get("position"):
+            self.position = Position.from_dict(state["position"])
+            self.start_epoch = self.position.epoch
+            where = f", step {self.position.step}"
+        if self.info.is_main:
+            print(f"resumed from {path}: continuing at epoch {self.start_epoch}{where}", flush=True)
+
+    def _write_checkpoint(self, epoch: int, position: Position | None = None) -> Path:
+        """Rank 0 writes the state after `epoch` completed, or at `position` inside the next epoch."""
+        state = {
+            "epoch": epoch,
+            "position": position.to_dict() if position else None,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "schedule": {"base_lr": self.base_lr, "epochs": self.schedule.epochs, "total_batches": self.schedule.total},
+            "config": json.loads(self.cfg.to_json()),
+        }
+        step = position.step if position else None
+        path = checkpoint.checkpoint_path(str(self.run_dir), position.epoch if position else epoch, step)
+        checkpoint.save(state, path)
+        checkpoint.prune_steps(str(self.run_dir), keep=path)
+        return path
+
+    def save(self, epoch: int, position: Position | None = None) -> Path | None:
+        """Every rank: rank 0 writes the checkpoint, and all learn together whether that worked."""
+        path = None
+        if self.info.is_main:
+            try:
+                path = self._write_checkpoint(epoch, position)
+            except ImagenetTrainError as error:
+                self.vote.fail(error)
+        verdict, _ = self.vote.settle()
+        self.vote.raise_failure(verdict)
+        return path
+
+    # -- one epoch ----------------------------------------------------------------------------
+    def set_lr(self, epoch: int, step: int, steps: int) -> float:
+        """Warmup then cosine over the run's global steps; identical on every rank at every step."""
+        lr = self.schedule.lr(epoch, step, steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _prepare_epoch(self, epoch: int) -> Position:
+        """Point the loader at this epoch, or at what is left of it when resuming inside it."""
+        position = self.position if self.position and self.position.epoch == epoch else Position(epoch)
+        self.position = None
+        stream = self.train_loader.stream
+        self.train_loader.set_epoch(epoch)
+        stream.skip_keys, stream.resume_tag = frozenset(), ""
+        changed = bool(position.step and position.world and position.world != self.info.world)
+        if not self.exact:
+            remaining = self.schedule.epoch_batches(epoch) - position.step
+            if changed:
+                remaining = position.samples_left // (self.cfg.data.batch_size * self.info.world)
+            self.train_loader.batches = remaining
+            if position.step:
+                stream.resume_tag = f":resume{position.step}"
+        else:
+            # Split mode may be cut at --epoch-batches (every rank stops there); queue mode never is.
+            cut = self.cfg.data.mode == Mode.SPLIT and self.cfg.data.epoch_batches
+            self.train_loader.batches = self.cfg.data.epoch_batches - position.step if cut else None
+            if position.step:
+                stream.skip_keys = frozenset(consumed_keys(self.run_dir, position))
+        if changed and self.info.is_main:
+            what = (
+                f"the {len(stream.skip_keys)} samples already seen are skipped and the rest split over the new ranks"
+                if self.exact
+                else f"continuing with {self.train_loader.batches} batches per rank, the "
+                f"{position.samples_left} samples the epoch still owed"
+            )
+            print(f"world size changed from {position.world} to {self.info.world} mid-epoch: {what}", flush=True)
+        if position.step:
+            position = Position(epoch, position.step, [*position.segments, position.step])
+        return position
+
+    def train_epoch(self, epoch: int) -> dict:
+        info, loader = self.info, self.train_loader
+        position = self._prepare_epoch(epoch)
+        start = position.step
+        self.ddp.train()
+        steps = self.schedule.epoch_batches(epoch)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
+        samples, batches, lr, keys, broke = 0, start, self.base_lr, [], 0
+        damage_before = loader.damage()
+        every = self.cfg.run.checkpoint_every
+        key_log = KeyLog(self.run_dir, epoch, info.rank, start) if self.exact else None
+        bar = tqdm(
+            total=steps, initial=start, desc=f"epoch {epoch}", unit="batch", disable=not info.is_main, mininterval=2
+        )
+        join = Join([self.ddp, self.vote]) if self.exact and info.enabled else contextlib.nullcontext()
+        wait = DataWait()
+        with bar, join:
+            for images, labels, batch_keys in wait.timed(self.batches(loader, self.train_augment)):
+                if key_log:
+                    self._guard(key_log.fetched, batches, batch_keys)  # before the step: a kill loses nothing
+                lr = self.set_lr(epoch, batches, steps)
+                loss_sum += self.step(images, labels) * len(labels)
+                samples += len(labels)
+                batches += 1
+                if self.cfg.run.log_keys:
+                    keys.extend(batch_keys)
+                bar.update()
+                if every and batches % every == 0 and batches < steps and info.is_main:
+                    owed = (loader.batches - (batches - start)) * self.global_batch if loader.batches else 0
+                    self._guard(
+                        self._write_checkpoint, epoch - 1, Position(epoch, batches, position.segments, info.world, owed)
+                    )
+                    self.mirror()
+                if self.vote.cast():
+                    broke = 1
+                    break
+        if key_log:
+            key_log.close()
+        verdict, (stopped_mid_epoch, steps_taken) = self.vote.settle(broke, batches)
+        self.vote.raise_failure(verdict)
+        if self.exact and info.enabled:
+            self._sync_optimizer_state(batches)
+        self._write_keys("train", epoch, keys, append=bool(start))
+        if stopped_mid_epoch:
+            owed = (loader.batches - (steps_taken - start)) * self.global_batch if loader.batches else 0
+            self.stop_position = Position(epoch, steps_taken, position.segments, info.world, owed)
+        self.stop_signal = verdict.signum
+        corrupt, broken, lost = (now - before for now, before in zip(loader.damage(), damage_before, strict=True))
+        total_loss, total_samples, corrupt, broken, lost = all_sum(
+            [loss_sum.item(), samples, corrupt, broken, lost], info
+        )
+        per_rank = [int(b[0]) - start for b in all_gather_numbers([batches], info)]
+        waits = [round(w[0], 4) for w in all_gather_numbers([wait.fraction], info)]
+        resumed = {"resumed_from_step": start} if start else {}
+        return {
+            **resumed,
+            "lr": lr,
+            "train_loss": total_loss / max(total_samples, 1),
+            "train_samples": int(total_samples),
+            "batches_per_rank": per_rank,
+            "data_wait_fraction": round(sum(waits) / len(waits), 4),
+            "data_wait_per_rank": waits,
+            "corrupt_samples": int(corrupt),
+            "broken_shards": int(broken),
+            "lost_samples": int(lost),
+        }
+
+    def _guard(self, action, *args) -> None:
+        """Run a rank-local write; a failure stops every rank at the next vote instead of leaving them waiting."""
+        try:
+            action(*args)
+        except (ImagenetTrainError, OSError) as error:
+            self.vote.fail(error if isinstance(error, ImagenetTrainError) else ImagenetTrainError(f"{error}"))
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One optimisation step on a uint8 batch; returns the loss (on device, no sync)."""
+        device = self.info.device
+        if len(labels) == 1:  # a worker's only sample (damaged data): BatchNorm cannot train on a batch of one
+            images, labels = images.expand(2, *images.shape[1:]), labels.expand(2)
+        images = normalize(images.to(device, non_blocking=True), self.channels_last)  # on the device already
+        labels = labels.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=self.amp, enabled=self.amp is not None):
+            loss = self.criterion(self.forward(images), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.detach().double()
+
+    def _sync_optimizer_state(self, batches: int) -> None:
+        """After Join, copy momentum from a rank that ran every step, so replicas stay identical.
+
+        Join's DDP hook syncs the parameters from the last joiner; optimizer state on ranks that
+        joined early is stale and would make the replicas drift apart from the next step on.
+        """
+        counts = [int(c[0]) for c in all_gather_numbers([batches], self.info)]
+        source = max(rank for rank, count in enumerate(counts) if count == max(counts))
+        # Walk the parameters, not the state: a rank that has not stepped yet (queue mode can leave it
+        # without a shard) has no momentum buffers, and every rank must make the same broadcasts.
+        for group in self.optimizer.param_groups:
+            if not group["momentum"]:
+                continue
+            for parameter in group["params"]:
+                state = self.optimizer.state[parameter]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(parameter)
+                dist.broadcast(state["momentum_buffer"], src=source)
+
+    def replicas_in_sync(self) -> bool:
+        """Whether every rank holds the same weights and momentum (a cheap checksum compare)."""
+        if not self.info.enabled:
+            return True
+        total = sum(p.detach().double().sum().item() for p in self.model.parameters())
+        total += sum(
+            v.double().sum().item()
+            for s in self.optimizer.state.values()
+            for v in s.values()
+            if torch.is_tensor(v) and v.dtype.is_floating_point
+        )
+        sums = [s[0] for s in all_gather_numbers([total], self.info)]
+        return max(sums) - min(sums) <= 1e-6 * max(1.0, abs(sums[0]))
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> dict:
+        if self.val_loader is None:
+            return {}
+        info = self.info
+        self.model.eval()
+        topk = min(5, self.source.num_classes)
+        # Sums stay on the device until the end: no host sync per batch.
+        totals = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss, top-1 hits, top-k hits
+        count, keys = 0, []
+        damage_before = self.val_loader.damage()
+        for images, labels, batch_keys in self.batches(self.val_loader, self.val_augment):
+            images = normalize(images, self.channels_last)
+            with torch.autocast(info.device.type, dtype=self.amp, enabled=self.amp is not None):
+                logits = self.model(images)
+            hits = logits.topk(topk, dim=1).indices.eq(labels.view(-1, 1))
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+            totals += torch.stack([loss.double(), hits[:, 0].sum().double(), hits.any(dim=1).sum().double()])
+            count += len(labels)
+            if self.cfg.run.log_keys:
+                keys.extend(batch_keys)
+        self._write_keys("val", epoch, keys)
+        _, broken, lost = (now - before for now, before in zip(self.val_loader.damage(), damage_before, strict=True))
+        loss_sum, correct1, correctk = totals.tolist()
+        loss_sum, correct1, correctk, count, broken, lost = all_sum(
+            [loss_sum, correct1, correctk, count, broken, lost], info
+        )
+        if count == 0:
+            raise ImagenetTrainError("validation: the val shards held no samples")
+        damaged = {"val_broken_shards": int(broken), "val_lost_samples": int(lost)} if broken else {}
+        return {
+            "val_loss": loss_sum / count,
+            "top1": correct1 / count,
+            f"top{topk}": correctk / count,
+            "val_samples": int(count),
+            **damaged,
+        }
+
+    def _write_keys(self, split: str, epoch: int, keys: list[str], append: bool = False) -> None:
+        """--log-keys: the keys read, per split, epoch and rank; a resumed part of an epoch appends."""
+        if not self.cfg.run.log_keys:
+            return
+        folder = self.run_dir / "keys"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"{split}-epoch{epoch:04d}-rank{self.info.rank}.txt", "a" if append else "w") as stream:
+            stream.write("".join(k + "\n" for k in keys))
+
+    # -- the run ------------------------------------------------------------------------------
+    def write_config(self) -> None:
+        if not self.info.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        resolved = json.loads(self.cfg.to_json())
+        resolved["derived"] = {
+            "world_size": self.info.world,
+            "global_batch": self.global_batch,
+            "base_lr": self.base_lr,
+            "train_shards": len(self.source.train_urls),
+            "val_shards": len(self.source.val_urls),
+            "train_samples": self.source.train_samples,
+            "num_classes": self.source.num_classes,
+            "epoch_batches": self.schedule.epoch_batches(self.start_epoch),
+            "epochs": self.schedule.epochs,
+            "total_batches": self.schedule.total,
+            "device": str(self.info.device),
+            "amp": str(self.amp),
+        }
+        (self.run_dir / "config.json").write_text(json.dumps(resolved, indent=1) + "\n")
+
+    def run(self) -> dict:
+        self.resume()
+        self.write_config()
+        last: dict = {}
+        for epoch in range(self.start_epoch, self.schedule.epochs):
+            started = time.time()
+            record = {"epoch": epoch, **self.train_epoch(epoch)}
+            if self.stop_position:
+                self.stop(self.save(epoch - 1, self.stop_position), self.stop_position)
+            if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.schedule.epochs:
+                record.update(self.evaluate(epoch))
+            if self.cfg.run.total_samples:
+                done = min(self.schedule.total, (epoch + 1) * self.schedule.interval)
+                record["samples_seen"] = done * self.global_batch
+            record["replicas_in_sync"] = self.replicas_in_sync()
+            record["epoch_time_s"] = round(time.time() - started, 3)
+            record["samples_per_s"] = round(record["train_samples"] / max(record["epoch_time_s"], 1e-9), 1)
+            path = self.save(epoch)
+            if self.info.is_main:
+                with open(self.run_dir / "metrics.jsonl", "a") as stream:
+                    stream.write(json.dumps(record) + "\n")
+                print(_summary(record), flush=True)
+                if self.events:
+                    self.events.write(record, sum(self.schedule.epoch_batches(e) for e in range(epoch + 1)))
+                if not record["replicas_in_sync"]:
+                    log.error("replicas diverged at epoch %d: weights differ across ranks", epoch)
+            self.mirror()
+            last = record
+            verdict, _ = self.vote.settle()  # a signal during evaluation or the checkpoint stops here
+            if verdict.signum or self.stop_signal:
+                self.stop(path, Position(epoch + 1), verdict.signum or self.stop_signal)
+        if self.events:
+            self.events.close()
+        self.finish_uploads(self.cfg.data.io_timeout)
+        for loader in (self.train_loader, self.val_loader):
+            if loader:
+                loader.close()
+        return last
+
+    def stop(self, path: Path | None, position: Position, signum: int = 0) -> NoReturn:
+        """Leave after a pre-emption signal: the position is saved; results are flushed, briefly."""
+        signum = signum or self.stop_signal
+        if self.info.is_main:
+            where = f"epoch {position.epoch} step {position.step}"
+            print(
+                f"stopped by {signal.Signals(signum).name} at {where}: checkpoint {path}; "
+                "continue with --resume latest",
+                flush=True,
+            )
+        self.mirror()
+        self.finish_uploads(STOP_UPLOAD_S)
+        raise Preempted(signum)
+
+    def finish_uploads(self, timeout: float) -> None:
+        """Wait (bounded) for the results mirror; files that did not reach the bucket are one error line."""
+        if not self.uploader:
+            return
+        left = self.uploader.finish(timeout)
+        if left:
+            names = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+            raise ImagenetTrainError(
+                f"--results {self.cfg.run.results}: {len(left)} files did not upload ({names}); they are in "
+                f"{self.run_dir}, and --resume latest uploads them"
+            )
+
+    def mirror(self) -> None:
+        """Start uploading what changed in the run directory (a no-op without --results)."""
+        if self.uploader:
+            self.uploader.sync()
+
+
+def _summary(record: dict) -> str:
+    parts = [f"epoch {record['epoch']}", f"loss {record['train_loss']:.4f}"]
+    if "top1" in record:
+        parts.append(f"top1 {record['top1']:.4f}")
+    parts += [f"{record['samples_per_s']:.0f} img/s", f"{record['epoch_time_s']:.1f}s"]
+    if record["corrupt_samples"]:
+        parts.append(f"{record['corrupt_samples']} corrupt samples skipped")
+    if record["broken_shards"]:
+        parts.append(f"{record['broken_shards']} broken shards ({record['lost_samples']} samples lost)")
+    return " | ".join(parts)
+
+
+def train(cfg: Config) -> dict:
+    """Run training on this rank as torchrun launched it; returns the last epoch's metrics.
+
+    Raises Preempted after a clean stop on SIGTERM/SIGUSR1 (the CLI exits with 128 + the signal).
+    """
+    cfg.validate()
+    request = StopRequest()
+    request.install()  # before the first collective: a signal during start-up is noted, not fatal
+    info = init_distributed()
+    try:
+        result = _run_released(cfg.for_world(info.world), info, request)
+        if info.is_main:
+            print(f"run directory: {Path(cfg.run.run_dir).resolve()}", flush=True)
+        return result
+    finally:
+        cleanup()
+
+
+def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
+    """The run, with the trainer (its DDP model and loader processes) released before the caller tears down
+    the process group, also when the run ends in an error or a pre-emption: torn down the other way round,
+    a rank can block in its exit past the grace period."""
+    data = cfg.data
+    source = resolve_source(
+        data.shards, data.train_urls, data.val_urls, data.train_samples, data.num_classes, data.io_timeout
+    )
+    trainer = Trainer(cfg, info, source, request)
+    failure: BaseException | None = None
+    try:
+        return trainer.run()
+    except (Preempted, ImagenetTrainError) as error:
+        failure = error.with_traceback(None)  # the traceback holds the loop's frames and, in them, the loaders
+        failure.__context__ = failure.__cause__ = None
+    finally:
+        del trainer
+        gc.collect()
+    raise failure

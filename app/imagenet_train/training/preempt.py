@@ -1,0 +1,140 @@
+"""Stopping together: a pre-emption signal or a rank's own failure ends the epoch at a step every rank agrees
+on, so no rank is left waiting in a collective for one that has gone.
+
+SIGTERM (Kubernetes eviction, spot reclaim, `kubectl delete`, NGC pre-emption) and SIGUSR1 (Slurm's
+`--signal` before a time limit) are only noted by the handler. Once per step every rank contributes
+[its signal, 1 + its rank if it failed] to an all-reduce (max); all ranks read the same answer at the same
+step and leave the loop together. Under Join (split and queue modes) the vote is a Joinable, so ranks that
+already ran out of data keep voting in the shadow loop. On GPU the answer is read `lag` steps later from
+pinned memory, so the vote never makes the host wait for the device.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Joinable, JoinHook
+
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.training.dist import DistInfo
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """The stop signal this rank received, if any: set by the handler, acted on at a step boundary."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # running in a launcher's thread (Ray Train): signals are the launcher's to handle
+        for number in STOP_SIGNALS:
+            signal.signal(number, self._note)
+
+    def _note(self, signum: int, _frame) -> None:
+        self.signum = self.signum or signum
+
+
+@dataclass(frozen=True)
+class Verdict:
+    signum: int  # the stop signal some rank received (0: none)
+    failed_rank: int  # 1 + the first rank that failed (0: none)
+
+    def __bool__(self) -> bool:
+        return bool(self.signum or self.failed_rank)
+
+
+class _Slot:
+    """One vote in flight: host input, device tensor, host output and the event marking its arrival."""
+
+    def __init__(self, device: torch.device):
+        pinned = device.type == "cuda"
+        self.host_in = torch.zeros(2, dtype=torch.int64, pin_memory=pinned)
+        self.device = torch.zeros(2, dtype=torch.int64, device=device)
+        self.host_out = torch.zeros(2, dtype=torch.int64, pin_memory=pinned)
+        self.event = torch.cuda.Event() if pinned else None
+
+
+class StepVote(Joinable):
+    """The per-step agreement on whether to stop (see the module docstring)."""
+
+    def __init__(self, request: StopRequest, info: DistInfo):
+        super().__init__()
+        self.request, self.info = request, info
+        self.failure: BaseException | None = None
+        self.lag = 2 if info.device.type == "cuda" else 0
+        self.slots = [_Slot(info.device) for _ in range(self.lag + 1)]
+        self.cast_count = 0
+
+    def fail(self, error: BaseException) -> None:
+        """Note this rank's failure; every rank stops at the next vote and the error is raised then."""
+        self.failure = self.failure or error
+
+    def _local(self) -> tuple[int, int]:
+        return self.request.signum, (self.info.rank + 1) if self.failure else 0
+
+    def _issue(self) -> _Slot:
+        slot = self.slots[self.cast_count % len(self.slots)]
+        self.cast_count += 1
+        slot.host_in[0], slot.host_in[1] = self._local()
+        if not self.info.enabled:
+            slot.host_out.copy_(slot.host_in)
+            return slot
+        slot.device.copy_(slot.host_in, non_blocking=True)
+        dist.all_reduce(slot.device, op=dist.ReduceOp.MAX)
+        slot.host_out.copy_(slot.device, non_blocking=True)
+        if slot.event is not None:
+            slot.event.record()
+        return slot
+
+    def cast(self) -> Verdict:
+        """Vote for this step; the verdict of the step `lag` votes ago (identical on every rank)."""
+        self._issue()
+        if self.cast_count <= self.lag:
+            return Verdict(0, 0)
+        slot = self.slots[(self.cast_count - 1 - self.lag) % len(self.slots)]
+        if slot.event is not None:
+            slot.event.synchronize()  # recorded `lag` steps ago: long done, no wait in practice
+        return Verdict(int(slot.host_out[0]), int(slot.host_out[1]))
+
+    def settle(self, *numbers: int) -> tuple[Verdict, list[int]]:
+        """Outside any Join: every rank's final word plus the maxima of `numbers` (e.g. steps taken)."""
+        values = torch.tensor([*self._local(), *numbers], dtype=torch.int64)
+        if self.info.enabled:
+            values = values.to(self.info.device)
+            dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        result = values.tolist()
+        self.cast_count = 0  # a new loop starts its own lag
+        return Verdict(result[0], result[1]), result[2:]
+
+    def raise_failure(self, verdict: Verdict) -> None:
+        """Every rank raises: the failed rank its own error, the others one that names it."""
+        if not verdict.failed_rank:
+            return
+        if self.failure is not None:
+            raise self.failure
+        raise ImagenetTrainError(f"stopped because rank {verdict.failed_rank - 1} failed (its error is in its log)")
+
+    # -- Joinable: ranks that ran out of data keep voting while the others finish ----------------------------
+    def join_hook(self, **kwargs) -> JoinHook:
+        vote = self
+
+        class _Shadow(JoinHook):
+            def main_hook(self) -> None:
+                vote._issue()
+
+        return _Shadow()
+
+    @property
+    def join_device(self) -> torch.device:
+        return self.info.device
+
+    @property
+    def join_process_group(self):
+        return dist.distributed_c10d._get_default_group()

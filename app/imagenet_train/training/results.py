@@ -1,0 +1,97 @@
+"""Run results to a bucket while training goes on: config, metrics, checkpoints, key logs.
+
+Uploads run on a daemon thread, so a checkpoint upload never blocks a step and a bucket outage never stops
+training: each file is retried with backoff for up to --io-timeout, and what still failed is tried again at
+the next sync. The end of the run waits for the mirror, bounded, and names whatever did not arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from pathlib import Path
+
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io import gcs, transfer
+
+log = logging.getLogger(__name__)
+
+
+class ResultsUploader:
+    """Mirrors a run directory to gs:// in the background (see the module docstring)."""
+
+    def __init__(self, run_dir: str | Path, url: str, io_timeout: float = 900.0):
+        gcs.split(url)  # a bad URL fails now, not after the first epoch
+        self.run_dir, self.url, self.io_timeout = Path(run_dir), url.rstrip("/"), io_timeout
+        self.sent: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) already in the bucket
+        self.requests: queue.Queue[bool] = queue.Queue()
+        self.outstanding = 0  # syncs asked for and not yet done
+        self.changed = threading.Condition()
+        threading.Thread(target=self._serve, name="results-upload", daemon=True).start()
+
+    def sync(self) -> None:
+        """Queue an upload of whatever changed in the run directory since the last one."""
+        with self.changed:
+            self.outstanding += 1
+        self.requests.put(True)
+
+    def _serve(self) -> None:
+        while True:
+            self.requests.get()
+            try:
+                self._upload_changed()
+            except Exception as error:  # never let the mirror thread die: the next sync tries again
+                log.error("results upload to %s failed (retried at the next sync): %s", self.url, error)
+            with self.changed:
+                self.outstanding -= 1
+                self.changed.notify_all()
+
+    def pending(self) -> list[str]:
+        """Files of the run directory not (or not in their current version) in the bucket."""
+        return [
+            str(path.relative_to(self.run_dir)) for path, stamp in self._files() if self.sent.get(str(path)) != stamp
+        ]
+
+    def _files(self) -> list[tuple[Path, tuple[int, int]]]:
+        found = []
+        for path in sorted(p for p in self.run_dir.rglob("*") if p.is_file()):
+            if ".tmp" in path.name or ".part" in path.name:
+                continue
+            try:
+                info = path.stat()
+            except FileNotFoundError:
+                continue  # a mid-epoch checkpoint pruned while we looked
+            found.append((path, (info.st_size, info.st_mtime_ns)))
+        return found
+
+    def _upload_changed(self) -> None:
+        for path, stamp in self._files():
+            if self.sent.get(str(path)) == stamp:
+                continue
+            target = f"{self.url}/{path.relative_to(self.run_dir).as_posix()}"
+            try:
+                there = gcs.stat(target, self.io_timeout)
+                if there is None or there.size != stamp[0] or there.crc32c != gcs.file_crc32c(str(path)):
+                    gcs.upload(str(path), target, self.io_timeout)
+                self.sent[str(path)] = stamp
+            except FileNotFoundError:
+                continue
+            except ImagenetTrainError as error:
+                log.error("results: %s did not upload (retried at the next sync): %s", path.name, error)
+
+    def finish(self, timeout: float) -> list[str]:
+        """Wait up to `timeout` s for the mirror to catch up; returns the files still not in the bucket."""
+        self.sync()
+        with self.changed:
+            self.changed.wait_for(lambda: self.outstanding == 0, timeout=timeout)
+        return self.pending()
+
+
+def fetch_for_resume(url: str, run_dir: str | Path, io_timeout: float = 900.0) -> int:
+    """Bring a run's files from the bucket into the run directory before resuming; 0 when none exist."""
+    os.makedirs(run_dir, exist_ok=True)
+    if not gcs.listing(url.rstrip("/") + "/", io_timeout):
+        return 0
+    return transfer.sync_tree(url, str(run_dir), io_timeout=io_timeout)
