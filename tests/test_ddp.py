@@ -21,7 +21,10 @@ def keys(run_dir, split, epoch):
 def test_resampled_ranks_get_equal_batches_over_nginx(shard_server, digit_shards, tmp_path):
     run_dir = tmp_path / "run"
     result = torchrun(
-        ["--shards", f"{shard_server.url}/shards.json", "--run-dir", str(run_dir), "--epochs", "2", *SMALL]
+        [
+            *("--shards", f"{shard_server.url}/shards.json", "--run-dir", str(run_dir), "--epochs", "2"),
+            *("--clip-grad-norm", "1.0", *SMALL),
+        ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = read_metrics(run_dir)
@@ -36,6 +39,7 @@ def test_resampled_ranks_get_equal_batches_over_nginx(shard_server, digit_shards
     assert metrics[-1]["val_samples"] == 359
     config = json.loads((run_dir / "config.json").read_text())
     assert config["derived"]["world_size"] == 2 and config["data"]["mode"] == "resampled"
+    assert config["optim"]["clip_grad_norm"] == 1.0  # clipped steps keep the replicas in sync (checked above)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["epoch-0000.pt", "epoch-0001.pt"]
     assert "run directory:" in result.stdout
 

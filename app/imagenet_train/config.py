@@ -97,6 +97,12 @@ class OptimConfig:
     weight_decay: float = setting(1e-4, "weight decay (not applied to biases and norms)", minimum=0, maximum=1)
     label_smoothing: float = setting(0.1, "label smoothing", minimum=0, maximum=1)
     warmup_epochs: float = setting(1.0, "linear warmup before the cosine decay", minimum=0, maximum=1e6)
+    clip_grad_norm: float = setting(
+        0.0,
+        "clip the gradients' global L2 norm to this before each step (0: off); steadies large-batch and fp16 runs",
+        minimum=0,
+        maximum=1e6,
+    )
 
 
 @dataclass

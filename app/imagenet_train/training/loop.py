@@ -437,6 +437,9 @@ class Trainer:
             loss = self.criterion(self.forward(images), labels)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
+        if self.cfg.optim.clip_grad_norm:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         return loss.detach().double()
