@@ -1,0 +1,123 @@
+"""the dataset commands: shards, summarize, demo-data"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from imagenet_train.settings import choice, number, text
+
+
+def cmd_shards(args: argparse.Namespace) -> int:
+    from imagenet_train.datasets.convert import ShardOptions, convert
+
+    options = ShardOptions(
+        prefix=args.prefix,
+        maxcount=args.maxcount,
+        maxsize=args.maxsize,
+        workers=args.workers,
+        seed=args.seed,
+        resize=args.resize or None,
+        quality=args.quality,
+        verify=args.verify,
+    )
+    output = args.output
+    if output.startswith("gs://"):
+        # Shards are written locally first (resumable there with --staging), then uploaded and verified.
+        import tempfile
+
+        output = args.staging or tempfile.mkdtemp(prefix="imagenet-train-shards-")
+    document = convert(args.source, output, options, val_labels=args.val_labels, progress=not args.quiet)
+    if output != args.output:
+        from imagenet_train.io.transfer import upload_tree
+
+        sent = upload_tree(output, args.output)
+        print(f"uploaded {sent} files from {output} to {args.output} (verified by CRC32C)")
+    for split, info in document["splits"].items():
+        print(f"{split}: {info['nsamples']} samples in {len(info['shardlist'])} shards")
+    print(
+        f"classes: {len(document['classes'])} ({document['layout']} layout); "
+        f"shards already complete and kept: {document['resumed_shards']}"
+    )
+    if document["reencoded"]:
+        print(f"re-encoded as RGB JPEG: {len(document['reencoded'])}")
+        for item in document["reencoded"][: args.list]:
+            print(f"  {item['source']}: {item['reason']}")
+    if document["skipped"]:
+        print(f"skipped (not usable): {len(document['skipped'])}")
+        for item in document["skipped"][: args.list]:
+            print(f"  {item['source']}: {item['reason']}")
+    print(f"index: {args.output.rstrip('/')}/shards.json")
+    return 0
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from imagenet_train.datasets.index import brace, load_index
+
+    index = load_index(args.location)
+    summary = {"index": index.location, "classes": len(index.classes), "splits": {}}
+    for split in index.splits():
+        names = [shard["url"] for shard in index.shards(split)]
+        summary["splits"][split] = {"shards": len(names), "samples": index.nsamples(split), "urls": brace(names)}
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"{index.location}: {summary['classes']} classes")
+    for split, info in summary["splits"].items():
+        print(f"{split}: {info['samples']} samples in {info['shards']} shards: {' '.join(info['urls'])}")
+    return 0
+
+
+def cmd_demo_data(args: argparse.Namespace) -> int:
+    from imagenet_train.datasets.digits import write_digits
+
+    counts = write_digits(args.output, size=args.size, seed=args.seed)
+    print(f"wrote {counts['train']} train and {counts['val']} val images to {args.output}")
+    return 0
+
+
+def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
+    """Add the dataset commands to the CLI."""
+    count = number(int, 0)
+    shards = commands.add_parser("shards", formatter_class=formatter, help="convert a dataset into shards + index")
+    shards.add_argument(
+        "source", type=text, help="ImageFolder tree, Kaggle layout, or directory with the ILSVRC2012 tars"
+    )
+    shards.add_argument("output", type=text, help="directory (or gs://BUCKET/PREFIX) for the shards and shards.json")
+    shards.add_argument("--staging", default=None, help="with a gs:// output: local directory to write to first")
+    shards.add_argument("--prefix", type=text, default="imagenet-train", help="shard name prefix")
+    shards.add_argument("--maxcount", type=number(int, 1, 10_000_000), default=1000, help="samples per shard at most")
+    shards.add_argument(
+        "--maxsize", type=number(int, 1 << 20, 1 << 40), default=3_000_000_000, help="bytes per shard at most (approx.)"
+    )
+    shards.add_argument("--workers", type=number(int, 1, 512), default=1, help="parallel shard writers")
+    shards.add_argument(
+        "--seed", type=number(int, 0, 2**63 - 1), default=0, help="seed of the sample shuffle across shards"
+    )
+    shards.add_argument(
+        "--resize", type=number(int, 0, 16384), default=0, help="re-encode images with a larger short side (0: keep)"
+    )
+    shards.add_argument("--quality", type=number(int, 1, 100), default=90, help="JPEG quality when re-encoding")
+    shards.add_argument(
+        "--verify",
+        default="full",
+        type=choice("full", "header"),
+        help="full: decode every image (catches any corruption); header: header and end marker (I/O speed)",
+    )
+    shards.add_argument("--val-labels", default=None, help="LOC_val_solution.csv or '<file> <wnid>' lines")
+    shards.add_argument("--list", type=count, default=20, help="skipped/re-encoded files to list")
+    shards.add_argument("--quiet", action="store_true", help="no progress bar")
+    shards.set_defaults(func=cmd_shards)
+
+    summarize = commands.add_parser("summarize", formatter_class=formatter, help="brace notation and counts")
+    summarize.add_argument("location", type=text, help="shard directory, shards.json, or a URL to either")
+    summarize.add_argument("--json", action="store_true", help="machine-readable output")
+    summarize.set_defaults(func=cmd_summarize)
+
+    demo = commands.add_parser(
+        "demo-data", formatter_class=formatter, help="write scikit-learn's digits as an ImageNet-layout JPEG dataset"
+    )
+    demo.add_argument("output", type=text, help="directory for train/ and val/")
+    demo.add_argument("--size", type=number(int, 8, 4096), default=64, help="image side in pixels")
+    demo.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seed of the train/val split")
+    demo.set_defaults(func=cmd_demo_data)

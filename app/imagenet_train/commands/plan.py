@@ -1,0 +1,134 @@
+"""the plan command: the planner's table and verdict, and --simulate over the real loaders"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.settings import choice, number
+
+
+def _plan_setup(args: argparse.Namespace) -> None:
+    """The planner's Setup from an index, a list of sizes or a count (stored on `args`)."""
+    from imagenet_train.planning import plan
+
+    urls: list[str] = []
+    if args.shards:
+        from imagenet_train.datasets.index import load_index
+
+        index = load_index(args.shards)
+        sizes, urls = index.sizes("train"), index.urls("train")
+    elif args.shard_sizes:
+        try:
+            sizes = [int(size) for size in args.shard_sizes.split(",")]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            raise ImagenetTrainError(
+                f"--shard-sizes: expected whole numbers >= 1 like 1000,1000,640, got '{args.shard_sizes}'"
+            )
+    elif args.nshards and args.samples_per_shard:
+        sizes = [args.samples_per_shard] * args.nshards
+    else:
+        raise ImagenetTrainError("plan: give --shards INDEX, --shard-sizes, or --nshards with --samples-per-shard")
+    setup = plan.Setup.of(
+        args, args.seed, sizes, nodes=args.nodes, gpus_per_node=args.gpus_per_node, join=args.join, epoch=args.epoch
+    )
+    args.setup = (setup, urls)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from imagenet_train.planning import plan
+
+    setup, urls = args.setup
+    assessment = plan.assess(setup)
+    simulated = None
+    if args.simulate:
+        if not urls:
+            raise ImagenetTrainError("--simulate reads the real shards: give --shards INDEX")
+        from imagenet_train.loading.simulate import simulate
+
+        simulated = simulate(urls, setup)
+    if setup.mode is plan.Mode.QUEUE:  # per-rank shares are dynamic: check that every sample was read once
+        got = sum(s.samples for s in simulated or [])
+        mismatches = (
+            [f"the queue gave {got} samples of {sum(setup.shard_sizes)}"]
+            if simulated and got != sum(setup.shard_sizes)
+            else []
+        )
+    else:
+        mismatches = [
+            f"rank {s.rank}: planned {r.batches} batches, loader gave {s.batches}"
+            for r, s in zip(assessment.ranks, simulated or [], strict=False)
+            if r.batches != s.batches
+        ]
+    if args.json:
+        document = dataclasses.asdict(assessment)
+        if simulated is not None:
+            document["simulated"] = [dataclasses.asdict(s) for s in simulated]
+            document["mismatches"] = mismatches
+        print(json.dumps(document, indent=1))
+    else:
+        print(plan.format_assessment(assessment, show_workers=args.show_workers))
+        if simulated is not None:
+            for s in simulated:
+                if args.show_open:
+                    for worker, opened in enumerate(s.opened):
+                        names = [url.rsplit("/", 1)[-1] for url in opened]
+                        print(f"  rank {s.rank} worker {worker} opened: {' '.join(names) or '-'}")
+            agreed = (
+                f"the queue handed out every sample exactly once over {setup.world} ranks"
+                if setup.mode is plan.Mode.QUEUE
+                else f"the real loaders gave exactly the planned batches on all {setup.world} ranks"
+            )
+            print("simulation: " + ("; ".join(mismatches) if mismatches else agreed))
+    return 1 if assessment.hangs or mismatches else 0
+
+
+def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
+    """Add the plan command to the CLI."""
+    positive, count = number(int, 1), number(int, 0)
+    planner = commands.add_parser(
+        "plan",
+        formatter_class=formatter,
+        help="show how shards split over nodes x GPUs x workers and whether every rank gets the same batches",
+    )
+    planner.add_argument("--shards", default="", help="shard index (shards.json), its directory, or a URL")
+    planner.add_argument("--shard-sizes", default="", help="samples per shard, comma-separated (instead of an index)")
+    planner.add_argument(
+        "--nshards", type=number(int, 0, 10_000_000), default=0, help="number of shards (with --samples-per-shard)"
+    )
+    planner.add_argument(
+        "--samples-per-shard", type=number(int, 0, 10_000_000), default=0, help="samples in every shard"
+    )
+    planner.add_argument("--nodes", type=number(int, 1, 100_000), default=1, help="nodes")
+    planner.add_argument("--gpus-per-node", type=number(int, 1, 1024), default=1, help="ranks per node")
+    planner.add_argument("--workers", type=number(int, 0, 512), default=8, help="DataLoader workers per rank")
+    planner.add_argument("--batch-size", type=number(int, 1, 1 << 20), default=256, help="batch size per rank")
+    planner.add_argument(
+        "--mode", type=choice("resampled", "split", "queue"), default="resampled", help="resampled, split or queue"
+    )
+    planner.add_argument(
+        "--epoch-batches",
+        type=count,
+        default=0,
+        help="batches per rank per epoch (resampled: 0 is one pass; split: a cut, 0 is none)",
+    )
+    planner.add_argument(
+        "--repeat", type=positive, default=1, help="split: times each worker reads its shards per epoch"
+    )
+    planner.add_argument(
+        "--join",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="split mode: the step runs under Join (imagenet-train train always does)",
+    )
+    planner.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=0, help="seed of the per-epoch shard order")
+    planner.add_argument("--epoch", type=number(int, 0, 1_000_000), default=0, help="which epoch's shard order to show")
+    planner.add_argument("--show-workers", action="store_true", help="list the shards of every worker")
+    planner.add_argument("--simulate", action="store_true", help="run the real loaders over the real shards")
+    planner.add_argument("--show-open", action="store_true", help="with --simulate: shards each worker opened")
+    planner.add_argument("--json", action="store_true", help="machine-readable output")
+    planner.set_defaults(func=cmd_plan, check=_plan_setup)

@@ -1,0 +1,88 @@
+"""the bucket commands: upload, sync, and the chart's fill"""
+
+from __future__ import annotations
+
+import argparse
+
+from imagenet_train.commands import deployment_file
+from imagenet_train.settings import number, text
+
+
+def _transfer(copies, copy, args: argparse.Namespace, verb: str) -> int:
+    from imagenet_train.io.transfer import run
+
+    todo = [c for c in copies if c.action == "copy"]
+    size = sum(c.size for c in todo)
+    if args.dry_run:
+        for item in copies:
+            print(f"{item.action:4} {item.source} -> {item.target}")
+    else:
+        run(copies, copy, args.workers, args.io_timeout)
+    done = "would copy" if args.dry_run else verb
+    kept = len(copies) - len(todo)
+    print(f"{done} {len(todo)} files ({size / 1e6:.1f} MB), {kept} already there with the same checksum")
+    return 0
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    from imagenet_train.io import gcs
+    from imagenet_train.io.transfer import plan_upload
+
+    return _transfer(plan_upload(args.directory, args.url, args.io_timeout), gcs.upload, args, "uploaded and verified")
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from imagenet_train.io import gcs
+    from imagenet_train.io.transfer import plan_sync
+
+    return _transfer(
+        plan_sync(args.url, args.directory, args.io_timeout), gcs.download, args, "downloaded and verified"
+    )
+
+
+def cmd_fill(args: argparse.Namespace) -> int:
+    from imagenet_train.io import gcs
+    from imagenet_train.io.transfer import plan_sync
+
+    fill = deployment_file(args.deployment)["shards"]["nginx"]["fill"]
+    args.workers, args.dry_run = int(fill["parallel"]), False
+    return _transfer(
+        plan_sync(fill["from"], args.directory, args.io_timeout), gcs.download, args, "downloaded and verified"
+    )
+
+
+def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
+    """Add the bucket commands to the CLI."""
+    seconds = number(float, 0, 7 * 24 * 3600)
+    upload = commands.add_parser(
+        "upload",
+        formatter_class=formatter,
+        help="copy a run directory (or any directory) to gs://, skipping identical files",
+    )
+    upload.add_argument("directory", type=text, help="local directory, e.g. a run directory")
+    upload.add_argument("url", type=text, help="gs://BUCKET/PREFIX")
+    sync = commands.add_parser(
+        "sync",
+        formatter_class=formatter,
+        help="copy a gs:// prefix to a directory (e.g. to fill a shard-server volume)",
+    )
+    sync.add_argument("url", type=text, help="gs://BUCKET/PREFIX")
+    sync.add_argument("directory", type=text, help="local directory")
+    for transfer, func in ((upload, cmd_upload), (sync, cmd_sync)):
+        transfer.add_argument("--workers", type=number(int, 1, 256), default=8, help="parallel transfers")
+        transfer.add_argument("--dry-run", action="store_true", help="list what would be copied or skipped")
+        transfer.add_argument(
+            "--io-timeout", type=seconds, default=900, help="seconds to wait out a bucket outage before failing"
+        )
+        transfer.set_defaults(func=func)
+    fill = commands.add_parser(
+        "fill",
+        formatter_class=formatter,
+        help="the chart's fill pod: sync shards.nginx.fill.from onto the shard volume at /shards",
+    )
+    fill.add_argument("--deployment", type=text, required=True, metavar="FILE", help="the chart's deployment.yaml")
+    fill.add_argument("--directory", type=text, default="/shards", help="where the shard volume is mounted")
+    fill.add_argument(
+        "--io-timeout", type=seconds, default=900, help="seconds to wait out a bucket outage before failing"
+    )
+    fill.set_defaults(func=cmd_fill)
