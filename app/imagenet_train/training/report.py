@@ -63,20 +63,16 @@ def plot_loss(ax, records: list[dict]) -> None:
 
 
 def plot_accuracy(ax, records: list[dict]) -> None:
-    """Validation top-1 and top-5 per epoch, in percent."""
+    """Validation top-1 and top-5 per epoch, in percent; the legend gives the last epoch's figures.
+
+    In the legend, not beside the last points: a label there is hidden by the legend or the other curve."""
     for key, marker in (("top1", "o"), ("top5", "s")):
         epochs, values = _epochs(records, key)
         if epochs:
-            ax.plot(epochs, [100 * v for v in values], marker=marker, label=key.replace("top", "top-"))
-            ax.annotate(
-                f"{100 * values[-1]:.1f}%",
-                (epochs[-1], 100 * values[-1]),
-                textcoords="offset points",
-                xytext=(0, -14 if key == "top1" else 6),
-                ha="center",
-            )
+            label = f"{key.replace('top', 'top-')}: {100 * values[-1]:.1f}% at epoch {epochs[-1]}"
+            ax.plot(epochs, [100 * v for v in values], marker=marker, label=label)
     ax.set(title="Validation accuracy", xlabel="epoch", ylabel="%", ylim=(0, 102))
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
 
 
 def plot_throughput(ax, records: list[dict]) -> None:
