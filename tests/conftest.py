@@ -39,6 +39,13 @@ SMALL_TRAIN = [
     "--shuffle-buffer",
     "200",
 ]
+# SMALL_TRAIN for one epoch with a checkpoint every 4 steps (the mid-epoch marker resume and fault tests wait
+# for); each test adds --shards, --mode, --run-dir.
+CHECKPOINTING_TRAIN = [
+    *SMALL_TRAIN,
+    *("--batch-size", "16", "--shuffle-buffer", "100", "--checkpoint-every", "4"),
+    *("--epochs", "1", "--eval-every", "5"),
+]
 
 
 def jpeg_bytes(seed: int = 0, size: tuple[int, int] = (40, 30), mode: str = "RGB", fmt: str = "JPEG") -> bytes:

@@ -14,21 +14,9 @@ import torch
 from imagenet_train.planning import plan
 from imagenet_train.planning.position import Position, consumed_keys
 
-from conftest import SMALL_TRAIN, child_pids, read_metrics, torchrun
+from conftest import CHECKPOINTING_TRAIN, child_pids, read_metrics, torchrun
 
-ARGS = [
-    *SMALL_TRAIN,
-    "--batch-size",
-    "16",
-    "--shuffle-buffer",
-    "100",
-    "--checkpoint-every",
-    "4",
-    "--epochs",
-    "1",
-    "--eval-every",
-    "5",
-]
+ARGS = CHECKPOINTING_TRAIN
 
 
 def run_until_killed(args: list[str], run_dir: Path, tmp: Path, timeout: float = 180) -> int:

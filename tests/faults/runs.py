@@ -21,24 +21,11 @@ import torch
 from imagenet_train.planning.position import Position, epoch_folder
 from imagenet_train.training.checkpoint import latest
 
-from conftest import SMALL_TRAIN, child_pids
+from conftest import CHECKPOINTING_TRAIN, child_pids
 
 # One small configuration for every fault: 1 epoch, a checkpoint every 4 steps (the mid-epoch marker the
 # tests wait for), every sample key logged. Each test adds --shards, --mode, --run-dir and its own timeouts.
-FAULT_TRAIN = [
-    *SMALL_TRAIN,
-    "--batch-size",
-    "16",
-    "--shuffle-buffer",
-    "100",
-    "--checkpoint-every",
-    "4",
-    "--epochs",
-    "1",
-    "--eval-every",
-    "5",
-    "--log-keys",
-]
+FAULT_TRAIN = [*CHECKPOINTING_TRAIN, "--log-keys"]
 
 
 def step_checkpoint(run_dir: Path, step: int) -> Path:
