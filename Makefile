@@ -25,7 +25,7 @@ GPUS ?= 2
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite (without the slow fault tests and the launcher runs)"
-	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into RELIABILITY.md"
+	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into RELIABILITY.md, and every mid-epoch resume case"
 	@echo "make launchers - SSH, Slurm (local sshd x2, local 2-node Slurm), Ray (a worker killed mid-run) and Lightning end to end"
 	@echo "make lint   - ruff"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into BENCHMARKS.md"
@@ -93,6 +93,7 @@ faults: venv system-deps
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
 	start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
 	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --findings tests/faults/findings.md --out RELIABILITY.md; \
+	  $(BIN)/python -m pytest -q -m slow tests/test_resume.py || status=1; \
 	  exit $$status
 
 # Training for real over two local sshd and on a local two-node Slurm (see README: Over SSH, On Slurm).
@@ -100,7 +101,7 @@ faults: venv system-deps
 # two-node Slurm, a local Ray cluster training 2 workers with one killed mid-run, and Lightning DDP
 # training the digits to the demo's accuracy.
 launchers: venv system-deps launcher-deps
-	$(BIN)/python -m pytest -q -m launchers tests/test_ssh_launch.py tests/test_slurm.py tests/test_ray.py tests/test_lightning.py
+	$(BIN)/python -m pytest -q -m launchers tests/test_ssh_launch.py tests/test_slurm.py tests/test_ray.py tests/test_lightning.py tests/test_notebook.py
 
 image-test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q tests/test_image.py

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from conftest import REPO
@@ -28,6 +29,7 @@ def test_a_script_without_a_main_guard_reads_batches_with_worker_processes(digit
     assert result.stdout.splitlines()[-1] == "samples 160"
 
 
+@pytest.mark.launchers  # trains for minutes: with the other ways to run, in `make launchers`
 def test_the_example_notebook_plans_trains_and_reports_on_the_demo_shards(shard_server, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     monkeypatch.setenv("IMAGENET_TRAIN_SHARDS", f"{shard_server.url}/shards.json")

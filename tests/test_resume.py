@@ -59,7 +59,11 @@ def _checkpoint_position(run_dir: Path) -> Position:
     return Position.from_dict(state["position"])
 
 
-@pytest.mark.parametrize(("mode", "ranks_after"), [("split", 2), ("split", 1), ("queue", 2)])
+# One case of each stays in `make test`; the rest (minutes each on 2 cores) run with `make faults`.
+@pytest.mark.parametrize(
+    ("mode", "ranks_after"),
+    [("split", 2), pytest.param("split", 1, marks=pytest.mark.slow), pytest.param("queue", 2, marks=pytest.mark.slow)],
+)
 def test_exact_modes_resumed_mid_epoch_see_every_sample_exactly_once(digit_shards, tmp_path, mode, ranks_after):
     run_dir = tmp_path / "run"
     args = ["--shards", str(digit_shards), "--mode", mode, "--run-dir", str(run_dir), *ARGS]
@@ -83,7 +87,7 @@ def test_exact_modes_resumed_mid_epoch_see_every_sample_exactly_once(digit_shard
     assert metrics[-1]["resumed_from_step"] == position.step and metrics[-1]["train_samples"] == len(after)
 
 
-@pytest.mark.parametrize("ranks_after", [2, 1])
+@pytest.mark.parametrize("ranks_after", [2, pytest.param(1, marks=pytest.mark.slow)])
 def test_resampled_mode_resumed_mid_epoch_keeps_the_nominal_length(digit_shards, tmp_path, ranks_after):
     run_dir = tmp_path / "run"
     args = ["--shards", str(digit_shards), "--run-dir", str(run_dir), *ARGS]
