@@ -22,9 +22,15 @@ import time
 import torch
 
 from imagenet_train.config import Config
-from imagenet_train.loading import pipeline as data
-from imagenet_train.training.dist import DistInfo
-from imagenet_train.training.loop import Trainer
+
+try:  # this tree's layout by concern
+    from imagenet_train.loading import pipeline as data
+    from imagenet_train.training.dist import DistInfo
+    from imagenet_train.training.loop import Trainer
+except ImportError:  # the flat layout of the "before" ref bench/epochs.py also measures
+    from imagenet_train import data
+    from imagenet_train.dist import DistInfo
+    from imagenet_train.train import Trainer
 
 
 class Spans:
