@@ -30,6 +30,24 @@ def test_probe_reports_a_shard_whose_count_disagrees_with_the_index(digit_shards
     assert result.stderr.count("\n") == 1 and "130 samples, the index says 131" in result.stderr
 
 
+def test_probe_of_a_deployment_file_alone_reads_its_shard_source(digit_shards, tmp_path):
+    """`helm test` runs `probe --deployment FILE` with no location: it used to stop at argument parsing."""
+    import yaml
+
+    from chartkit.render import render
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"shards": {"server": "bucket", "bucket": {"url": "gs://acme-data/shards"}}}))
+    objects = [o for o in yaml.safe_load_all(render([str(values)], release="r")) if o]
+    document = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["deployment.yaml"])
+    document["shards"]["bucket"]["url"] = str(digit_shards)  # the shard source, here a local directory
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text(yaml.safe_dump(document))
+    result = cli("probe", "--deployment", str(deployment))
+    assert result.returncode == 0, result.stderr
+    assert "1438 train samples in 12 shards" in result.stdout
+
+
 def test_probe_wait_succeeds_once_a_fill_writes_the_index(digit_shards, tmp_path):
     root = tmp_path / "volume"
     root.mkdir()

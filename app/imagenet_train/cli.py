@@ -426,8 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     probe = commands.add_parser(
         "probe", formatter_class=formatter, help="check a shard source: fetch the index and read one shard"
     )
+    # default None, not "": argparse runs `type` over a string default, and text("") is an error.
     probe.add_argument(
-        "location", type=text, nargs="?", default="", help="index (shards.json), its directory, or a URL to either"
+        "location", type=text, nargs="?", default=None, help="index (shards.json), its directory, or a URL to either"
     )
     probe.add_argument(
         "--deployment", default="", metavar="FILE", help="probe the shard source of the chart's deployment.yaml"
