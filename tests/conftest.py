@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import imagebuild
 import numpy as np
 import pytest
 from PIL import Image
@@ -104,6 +105,19 @@ def shard_server(digit_shards):
     """A real nginx on 127.0.0.1 serving the digit shards."""
     with NginxServer(str(digit_shards)) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def training_image(tmp_path_factory) -> Iterator[imagebuild.BuiltImage]:
+    """The training image built for real (`make build` on the stand-in base, tests/imagebuild.py), once per
+    session for the image test and the end-to-end run; removed at the end."""
+    reason = imagebuild.missing_tools()
+    if reason:
+        pytest.skip(reason)
+    tmp = tmp_path_factory.mktemp("image")
+    built = imagebuild.build_training_image(imagebuild.Podman(tmp), tmp)
+    yield built
+    imagebuild.remove_training_image(built.engine)
 
 
 def child_pids(pid: int) -> list[int]:

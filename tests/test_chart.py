@@ -288,7 +288,14 @@ def deployment_of(rendered, launcher: str, server: str = "nginx", nodes: int = 2
     return plan(config_files(rendered[(launcher, server, nodes, elastic)]["helm-1.35.0"])["deployment.yaml"])
 
 
+def image_entrypoint() -> list[str]:
+    """The ENTRYPOINT of images/train/Dockerfile (NVIDIA's entrypoint first, then imagenet-train)."""
+    line = next(x for x in (ROOT / "images/train/Dockerfile").read_text().splitlines() if x.startswith("ENTRYPOINT"))
+    return json.loads(line.split(" ", 1)[1])
+
+
 def test_every_pod_runs_launch_on_the_rendered_config_files(rendered):
+    entrypoint = image_entrypoint()
     for outputs in rendered.values():
         objects = outputs["render.py"]
         config = objects[("ConfigMap", f"{RELEASE}-imagenet-train-config")]
@@ -299,8 +306,13 @@ def test_every_pod_runs_launch_on_the_rendered_config_files(rendered):
                     "--deployment",
                     "/etc/imagenet-train/deployment.yaml",
                 ]
+                # The runtime's command is replaced by the image's own entrypoint, not by a bare imagenet-train
+                # that would skip NVIDIA's CUDA set-up.
+                assert obj["spec"]["trainer"]["command"] == entrypoint
             for pod in k8s_checks.pod_templates(obj):
                 for box in pod["spec"]["containers"]:
+                    if box.get("image", "").split(":")[0].endswith("/imagenet-train"):
+                        assert "command" not in box, box  # the image's entrypoint runs
                     if box.get("args") and box["args"][0] in ("launch", "fill", "probe"):
                         assert box["args"][1:3] == ["--deployment", DEPLOYMENT_FILE]
                         assert "env" not in box  # launch sets the environment from deployment.yaml

@@ -1,151 +1,34 @@
 """The training image, built for real with podman from images/train/Dockerfile and run.
 
 No registry can be pulled from here, so the CUDA PyTorch base is replaced by a stand-in: Debian
-bookworm from mmdebstrap with CPU torch (the local wheel) and torchvision, passed as BASE_IMAGE.
-The stand-in bases are cached as images between runs; the image under test is removed afterwards.
+bookworm from mmdebstrap with CPU torch (the local wheel) and torchvision, passed as BASE_IMAGE
+(tests/imagebuild.py, shared with tests/e2e). The stand-in bases are cached as images between runs; the
+image under test is removed at the end of the session.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from imagebuild import IMAGE, Podman
 
 from imagenet_train.ops.serve import NginxServer
 
 from conftest import REPO, SMALL_TRAIN, read_metrics
-
-STAGE0 = "localhost/imagenet-train-stage0:bookworm"
-TESTBASE = "localhost/imagenet-train-testbase:torch2.13.0-nvidia-entrypoint"
-IMAGE = "localhost/imagenet-train:image-test"
-CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-CONTAINERS_CONF = """\
-[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=1000:1000"]
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-"""
 
 SIGNAL_OPTIONS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2 --shutdown-timeout=80"
 
 pytestmark = pytest.mark.timeout(1500)
 
 
-def _torch_wheel() -> Path | None:
-    for folder in [*os.environ.get("PIP_FIND_LINKS", "").split(), "/opt/wheels"]:
-        found = sorted(Path(folder).glob("torch-2.13.0+cpu-cp311-*.whl")) if Path(folder).is_dir() else []
-        if found:
-            return found[0]
-    return None
-
-
-class Podman:
-    def __init__(self, config_dir: Path):
-        (config_dir / "containers.conf").write_text(CONTAINERS_CONF)
-        self.env = {**os.environ, "CONTAINERS_CONF": str(config_dir / "containers.conf")}
-
-    def __call__(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
-        result = subprocess.run(["podman", *args], capture_output=True, text=True, env=self.env, timeout=timeout)
-        if check and result.returncode != 0:
-            raise AssertionError(f"podman {' '.join(args[:3])} failed ({result.returncode}):\n{result.stderr[-4000:]}")
-        return result
-
-    def exists(self, image: str) -> bool:
-        return self("image", "exists", image, check=False).returncode == 0
-
-
-def _build_context(tmp: Path) -> Path:
-    """The repo's tracked files plus planted secrets and run output that must never reach the image."""
-    context = tmp / "context"
-    tracked_and_new = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
-    files = subprocess.run(tracked_and_new, cwd=REPO, capture_output=True, text=True, check=True)
-    for name in filter(None, files.stdout.split("\0")):
-        source, target = REPO / name, context / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_symlink():
-            target.symlink_to(os.readlink(source))
-        elif source.exists():
-            shutil.copy2(source, target)
-    (context / "app" / "google-key.json").write_text(
-        '{"type": "service_account", "private_key": "planted-secret-7f3a9c"}'
-    )
-    (context / "runs" / "r1").mkdir(parents=True)
-    (context / "runs" / "r1" / "metrics.jsonl").write_text("{}\n")
-    return context
-
-
 @pytest.fixture(scope="module")
-def podman(tmp_path_factory):
-    if not shutil.which("podman") or not shutil.which("mmdebstrap"):
-        pytest.skip("podman/mmdebstrap not installed (make image-deps installs them as root)")
-    wheel = _torch_wheel()
-    if wheel is None:
-        pytest.skip("no local CPU torch 2.13.0 wheel to build the stand-in base image from")
-    tmp = tmp_path_factory.mktemp("image")
-    engine = Podman(tmp)
-    if not engine.exists(STAGE0):
-        rootfs = tmp / "rootfs.tar"
-        subprocess.run(
-            [
-                "mmdebstrap",
-                "--quiet",
-                "--variant=minbase",
-                "--include=python3,python3-venv,ca-certificates",
-                "bookworm",
-                str(rootfs),
-            ],
-            check=True,
-            timeout=600,
-        )
-        engine("import", str(rootfs), STAGE0)
-        rootfs.unlink()
-    if not engine.exists(TESTBASE):
-        engine(
-            "build",
-            "--pull=never",
-            "--network=host",
-            "-f",
-            str(REPO / "tests/image/Containerfile.testbase"),
-            "-v",
-            f"{wheel.parent}:/wheels:ro",
-            "-v",
-            f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-            "-t",
-            TESTBASE,
-            str(REPO / "tests/image"),
-        )
-    revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    # The documented release path, `make build`, with the flags this machine needs.
-    flags = f"--pull=never --network=host -v {CA_BUNDLE}:{CA_BUNDLE}:ro"
-    built = subprocess.run(
-        [
-            "make",
-            "-C",
-            str(_build_context(tmp)),
-            "build",
-            "CONTAINER=podman",
-            f"BASE_IMAGE={TESTBASE}",
-            "IMAGE=localhost/imagenet-train",
-            "TAG=image-test",
-            f"REVISION={revision}",
-            f"BUILD_FLAGS={flags}",
-        ],
-        env=engine.env,
-        timeout=900,
-        capture_output=True,
-        text=True,
-    )
-    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-4000:]
-    engine.revision = revision
-    yield engine
-    engine("rmi", "--force", IMAGE, check=False)
-    engine("image", "prune", "--force", "--filter", "label=org.imagenet-train.stage=builder", check=False)
+def podman(training_image) -> Podman:
+    """The engine that built the image under test (tests/imagebuild.py: `make build` on the stand-in base)."""
+    return training_image.engine
 
 
 def run(podman: Podman, *args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
@@ -198,10 +81,10 @@ def test_image_runs_the_chart_probe_under_the_charts_restricted_security_context
     assert gcs.stdout.strip() == "gcs ok", gcs.stderr
 
 
-def test_image_labels_and_no_secrets_in_any_layer(podman):
+def test_image_labels_and_no_secrets_in_any_layer(podman, training_image):
     labels = json.loads(podman("image", "inspect", IMAGE).stdout)[0]["Labels"]
     assert labels["org.opencontainers.image.version"] == "image-test"
-    assert labels["org.opencontainers.image.revision"] == podman.revision
+    assert labels["org.opencontainers.image.revision"] == training_image.revision
     assert labels["org.opencontainers.image.title"] == "imagenet-train"
     history = podman("history", "--no-trunc", "--format", "{{.CreatedBy}}", IMAGE).stdout
     assert "google-key" not in history and "private_key" not in history
