@@ -56,6 +56,9 @@ def test_pytorchjob_elastic_uses_rendezvous_and_node_range():
         "--rdzv_id=r50",
         "--max_restarts=3",
     ]
+    # A replaced node can rejoin: each rendezvous round publishes its own store (pytorch/pytorch#135712).
+    assert launch.env == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert resolve({k: v for k, v in env.items() if not k.startswith("PET_RDZV")}).env == {}
 
 
 @pytest.mark.unit

@@ -12,17 +12,23 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from imagenet_train.errors import ImagenetTrainError
 
 DEFAULT_PORT = "29500"
+# torchrun's c10d rendezvous shares its TCPStore with the workers by default (torch >= 2.5). Then an agent that
+# was rank 0 keeps the store address of its first round and never publishes it for a later one, so a replaced
+# node (a pod restarted after a crash) waits for it until the rendezvous times out, and every node fails
+# (pytorch/pytorch#135712, #147064). A store of each round's own keeps an elastic run able to take a node back.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 @dataclass(frozen=True)
 class Launch:
     launcher: str
     torchrun: list[str]  # torchrun's own options, before the training module
+    env: dict[str, str] = field(default_factory=dict)  # set for torchrun and its workers
 
 
 def _need(env: Mapping[str, str], name: str, launcher: str) -> str:
@@ -87,7 +93,7 @@ def resolve(env: Mapping[str, str], nproc: str | None = None) -> Launch:
             ]
             if env.get("PET_MAX_RESTARTS"):
                 args.append(f"--max_restarts={env['PET_MAX_RESTARTS']}")
-            return Launch(f"{launcher} (elastic)", args)
+            return Launch(f"{launcher} (elastic)", args, dict(ELASTIC_ENV))
         addr = env.get("PET_MASTER_ADDR") or _need(env, "MASTER_ADDR", launcher)
         port = env.get("PET_MASTER_PORT") or env.get("MASTER_PORT") or DEFAULT_PORT
         rank = env.get("PET_NODE_RANK") or env.get("RANK") or "0"
@@ -184,9 +190,11 @@ def run(program: list[str], nproc: str | None = None, dry_run: bool = False, gra
     """
     launch = resolve(os.environ, nproc)
     argv = command(launch, program or ["train", "--help"], torchrun_options(grace_period))
-    print(f"imagenet-train launch: {launch.launcher}: torchrun {' '.join(argv[3:])}", flush=True)
+    settings = "".join(f"{key}={value} " for key, value in launch.env.items())
+    print(f"imagenet-train launch: {launch.launcher}: {settings}torchrun {' '.join(argv[3:])}", flush=True)
     if dry_run:
         return 0
+    os.environ.update(launch.env)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
