@@ -131,6 +131,14 @@ def test_plan_json_and_bad_input():
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("mode", ["resampled", "split", "queue"])
+def test_the_plan_table_names_the_mode_by_its_flag_word(mode):
+    table = plan.format_assessment(plan.assess(plan.Setup((64,) * 4, workers=1, batch_size=16, mode=mode)))
+    assert table.splitlines()[0].endswith(f"; mode {mode}")
+    assert f"{plan.Verdict.HANG}" == "WILL HANG"
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("mode", ["split", "resampled"])
 def test_single_rank_plans_are_ok(mode):
     assert plan.assess(plan.Setup((64,) * 4, workers=2, batch_size=16, mode=mode)).verdict == "OK"

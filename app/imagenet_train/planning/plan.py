@@ -19,6 +19,9 @@ class Mode(str, Enum):
     SPLIT = "split"  # every sample once, shards split over ranks and workers; the step runs under Join
     QUEUE = "queue"  # every sample once, shards handed out at run time to whichever rank is free
 
+    def __str__(self) -> str:
+        return self.value  # in messages, the --mode word (Python 3.11+ would format it as Mode.SPLIT)
+
 
 class Verdict(str, Enum):
     """The planner's judgement of a launch."""
@@ -26,6 +29,9 @@ class Verdict(str, Enum):
     OK = "OK"
     WARN = "WARN"
     HANG = "WILL HANG"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def assigned(items: Sequence, index: int, count: int) -> list:
