@@ -20,13 +20,14 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers image-test lint bench clean build push shell docker-run
+.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite (without the slow fault tests and the launcher runs)"
 	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into RELIABILITY.md, and every mid-epoch resume case"
 	@echo "make launchers - SSH, Slurm (local sshd x2, local 2-node Slurm), Ray (a worker killed mid-run) and Lightning end to end"
+	@echo "make e2e    - the chart's rendered pods run with podman (every launcher, nginx and bucket, resume, a pod killed) into E2E.md"
 	@echo "make lint   - ruff"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into BENCHMARKS.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
@@ -82,9 +83,10 @@ manifests: venv
 demo: venv system-deps
 	$(BIN)/python tools/demo.py --workdir demo
 
-# The slow fault tests (minutes each) run in `make faults`; the fast ones, regressions included, run here.
+# The slow fault tests (minutes each) run in `make faults`, the launcher and chart-pod runs in `make launchers` and
+# `make e2e`; the fast ones, regressions included, run here (with the chart's shard server, fill and helm test pod).
 test: venv system-deps image-deps k8s-tools
-	$(BIN)/python -m pytest -q -m "not slow and not launchers"
+	$(BIN)/python -m pytest -q -m "not slow and not launchers and not e2e"
 
 # The whole fault suite (tests/faults, slow ones included), then RELIABILITY.md from its report.
 # Needs root for the tmpfs and network-namespace faults (they skip, saying so, otherwise).
@@ -102,6 +104,20 @@ faults: venv system-deps
 # training the digits to the demo's accuracy.
 launchers: venv system-deps launcher-deps
 	$(BIN)/python -m pytest -q -m launchers tests/test_ssh_launch.py tests/test_slurm.py tests/test_ray.py tests/test_lightning.py tests/test_notebook.py
+
+# The chart's rendered pods run with podman, the harness playing the kubelet and the controllers (tests/e2e):
+# the shard server, its fill and `helm test`; each launcher (PyTorchJob, Indexed Job, JobSet, TrainJob) training
+# from nginx and from the bucket, then resuming from the bucket; a pod killed or evicted mid-run under each
+# launcher's failure semantics. Then E2E.md from the report. Needs root (rootful podman, its own bridge network).
+# Wall time: 33 min measured on the shared 2-core machine (load average 2-7 from other jobs).
+E2E_REPORT ?= $(CURDIR)/.e2e/report.jsonl
+e2e: venv image-deps
+	mkdir -p $(dir $(E2E_REPORT)) && rm -f $(E2E_REPORT)
+	load=$$(cut -d' ' -f1-3 /proc/loadavg); start=$$(date +%s); \
+	  E2E_REPORT=$(E2E_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.e2e/tmp tests/e2e; status=$$?; \
+	  $(BIN)/python tools/e2e_table.py $(E2E_REPORT) --seconds $$(( $$(date +%s) - start )) --findings tests/e2e/findings.md \
+	    --load "$$load at the start, $$(cut -d' ' -f1-3 /proc/loadavg) at the end (1, 5, 15 min)" --out E2E.md; \
+	  exit $$status
 
 image-test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q tests/test_image.py
@@ -131,4 +147,4 @@ lint: venv
 	$(BIN)/ruff format --check app tests tools bench examples
 
 clean:
-	rm -rf demo runs .pytest_cache .faults
+	rm -rf demo runs .pytest_cache .faults .e2e

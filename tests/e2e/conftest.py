@@ -1,0 +1,102 @@
+"""The end-to-end run of the chart's pods: no Kubernetes API server can run here, so the harness runs what it
+would run. The chart's objects (tools/render.py, identical to `helm template`) go to a one-node cluster made of
+podman: kubelet.py runs each rendered pod spec as `podman run` (refusing any field it does not understand),
+controllers.py plays the Deployment, Job, JobSet, PyTorchJob and TrainJob controllers (the pods they make, the
+variables they inject, the failure semantics the objects render), cluster.py gives pods IPs, DNS and Services,
+release.py is Helm. The bucket is gcp-storage-emulator, started here on the cluster network's gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import imagebuild
+import pytest
+
+from imagenet_train import gcs
+
+from .cluster import Cluster
+from .release import Release
+from .runs import BUCKET, SHARDS, Row, report_path, values
+from conftest import local_service
+
+
+@pytest.fixture(scope="session")
+def cluster(training_image, tmp_path_factory):
+    """The podman cluster with the training image and the stand-in nginx image."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    imagebuild.nginx_standin(training_image.engine, tmp)
+    built = Cluster(training_image.engine, tmp)
+    yield built
+    built.close()
+
+
+@pytest.fixture(scope="session")
+def emulator(cluster, digit_shards) -> str:
+    """gcp-storage-emulator on the cluster's gateway (the pods' way to the host), the digit shards uploaded to
+    gs://e2e/shards; STORAGE_EMULATOR_HOST points this process at it too."""
+    with socket.socket() as probe:
+        probe.bind((cluster.gateway, 0))
+        port = probe.getsockname()[1]
+    host = f"http://{cluster.gateway}:{port}"
+    executable = str(Path(sys.executable).with_name("gcp-storage-emulator"))
+    command = [executable, "start", "--host", cluster.gateway, "--port", str(port), "--in-memory"]
+    with local_service([*command, "--default-bucket", BUCKET], f"{host}/storage/v1/b", {"STORAGE_EMULATOR_HOST": host}):
+        gcs.client.cache_clear()
+        upload = [str(Path(sys.executable).with_name("imagenet-train")), "upload", "--workers", "4"]
+        result = subprocess.run([*upload, str(digit_shards), SHARDS], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        yield host
+    gcs.client.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def releases(cluster, emulator, tmp_path_factory):
+    """Release `ngx`: the nginx shard server Ready, its volume filled from the bucket by the fill Job (which
+    gets STORAGE_EMULATOR_HOST from the harness: the chart's fill Job takes no `env:`). Release `bkt`: the
+    trainers stream the shards from the bucket."""
+    fill_env = [{"name": "STORAGE_EMULATOR_HOST", "value": emulator}]
+    made = {
+        "nginx": Release(cluster, "ngx", tmp_path_factory.mktemp("ngx"), fill_env=fill_env),
+        "bucket": Release(cluster, "bkt", tmp_path_factory.mktemp("bkt")),
+    }
+    for source, release in made.items():
+        outcome = release.install(values("indexedjob", source, "install", emulator, epochs=1))
+        assert outcome.state == "Succeeded", (outcome.reason, outcome.events)
+    yield made
+    for release in made.values():
+        release.uninstall()
+
+
+@pytest.fixture
+def record(request, tmp_path_factory) -> Callable[[Row], None]:
+    """Append this test's row(s) to the e2e report (JSON lines) that tools/e2e_table.py makes E2E.md from."""
+    path = report_path(tmp_path_factory.getbasetemp())
+
+    def write(row: Row) -> None:
+        row.test = request.node.nodeid
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as stream:
+            stream.write(row.as_json() + "\n")
+
+    return write
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's verdict goes into the report beside its row, so the table says whether it held."""
+    report = yield
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        verdict = {"test": item.nodeid, "result": report.outcome}
+        if report.failed:
+            verdict["reason"] = str(report.longrepr).strip().splitlines()[-1][:300]
+        path = report_path(item.config._tmp_path_factory.getbasetemp())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as stream:
+            stream.write(json.dumps(verdict) + "\n")
+    return report

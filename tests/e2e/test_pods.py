@@ -1,0 +1,111 @@
+"""The chart's pods run for real: the shard server and its fill, `helm test`, each launcher's training run from
+nginx and from the bucket and its resume from the bucket, and a pod killed mid-run under each launcher's
+rendered failure semantics. Every run writes a row of the e2e report, which tools/e2e_table.py makes E2E.md of.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .runs import NVIDIA_STANDIN, Clock, MidRun, Row, bucket_files, bucket_metrics, values
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
+
+LAUNCHERS = ["pytorchjob", "indexedjob", "jobset", "trainjob"]
+
+
+def trained(outcome) -> None:
+    """Every pod of the run ended with 0, each ran NVIDIA's entrypoint first and launched torchrun."""
+    assert outcome.state == "Succeeded", (outcome.reason, outcome.events)
+    assert outcome.exit_codes and all(code == 0 for _, code in outcome.exit_codes), outcome.exit_codes
+    for pod, log in outcome.logs:
+        assert NVIDIA_STANDIN in log, f"{pod}: the image's entrypoint did not run first:\n{log[-3000:]}"
+        assert "imagenet-train launch: " in log and "torchrun" in log, f"{pod}:\n{log[-3000:]}"
+
+
+@pytest.mark.parametrize("source", ["nginx", "bucket"])
+@pytest.mark.parametrize("kind", LAUNCHERS)
+def test_training_runs_to_the_end_and_resumes_from_the_bucket(kind, source, releases, emulator, record):
+    run, release, clock = f"{kind}-{source}", releases[source], Clock()
+    outcome, _ = release.train(values(kind, source, run, emulator, epochs=1))
+    trained(outcome)
+    assert [m["epoch"] for m in bucket_metrics(run)] == [0]
+    files = bucket_files(run)
+    assert {"config.json", "metrics.jsonl", "checkpoints/epoch-0000.pt"} <= set(files), files
+    resumed, _ = release.train(values(kind, source, run, emulator, epochs=2))
+    trained(resumed)
+    assert any("resumed from /results/" in log and "continuing at epoch 1" in log for _, log in resumed.logs)
+    metrics = bucket_metrics(run)
+    assert [m["epoch"] for m in metrics] == [0, 1]
+    record(
+        Row(
+            kind,
+            source,
+            "1 epoch, then `resume: latest` with epochs 2 in a new install",
+            "finished",
+            epochs="1 + 1 resumed",
+            top1=metrics[-1].get("top1"),
+            bucket=", ".join(sorted(name for name in bucket_files(run) if not name.startswith("tensorboard/"))),
+            resumed="at epoch 1, from the bucket",
+            seconds=clock(),
+            events=outcome.events + resumed.events,
+        )
+    )
+
+
+# A pod killed or evicted early in epoch 1 of 3, and what the rendered semantics must make of it.
+FAULTS = [
+    # (launcher, elastic, pod, action, expected outcome, what the chart renders)
+    (
+        "pytorchjob",
+        True,
+        "worker-1",
+        "kill",
+        "Succeeded",
+        "elastic: OnFailure restarts the container; torchrun re-forms",
+    ),
+    ("pytorchjob", False, "worker-0", "evict", "Succeeded", "ExitCode: every rank stops at a checkpoint, 143 retries"),
+    (
+        "pytorchjob",
+        False,
+        "worker-0",
+        "kill",
+        "Failed",
+        "ExitCode: the master's error is not retried; Running pods deleted",
+    ),
+    ("indexedjob", False, "1", "kill", "Failed", "podFailurePolicy: 137 is not 138/143, FailJob"),
+    ("jobset", False, "node-0-1", "kill", "Succeeded", "backoffLimit 0 fails the Job; failurePolicy restarts the set"),
+    ("trainjob", False, "node-0-1", "kill", "Succeeded", "runtime's JobSet: OnFailure restarts containers in place"),
+]
+
+
+@pytest.mark.parametrize(("kind", "elastic", "pod", "action", "expected", "semantics"), FAULTS)
+def test_a_pod_lost_mid_run_recovers_or_fails_cleanly(
+    kind, elastic, pod, action, expected, semantics, releases, emulator, record
+):
+    run, clock = f"{kind}{'-elastic' if elastic else ''}-{action}", Clock()
+    fault = MidRun(run, f"ngx-imagenet-train-{pod}", action)
+    release = releases["nginx"]
+    outcome, controller = release.train(values(kind, "nginx", run, emulator, epochs=3, elastic=elastic), tick=fault)
+    assert fault.done, "the fault never fired (the run ended before epoch 1?)"
+    assert all(name.endswith("-shards-0") for name in controller.kubelet.pods), "training pods left behind"
+    if outcome.state == "Failed":  # the controller itself stopped the survivors (no pod waits for a dead peer)
+        assert any(event.split(" ", 1)[1].startswith("delete ") for event in outcome.events), outcome.events
+    row = Row(
+        f"{kind}{' (elastic)' if elastic else ''}",
+        "nginx",
+        f"{action} {pod} in epoch 1 of 3",
+        f"{outcome.state}: {outcome.reason}",
+        seconds=clock(),
+        events=outcome.events,
+        semantics=semantics,
+        expected=expected,
+    )
+    if outcome.state == "Succeeded":
+        metrics = bucket_metrics(run)
+        row.top1, row.epochs = metrics[-1].get("top1"), f"{len(metrics)} of 3"
+        row.resumed = next((line for _, log in outcome.logs for line in log.splitlines() if "resumed from" in line), "")
+    record(row)
+    assert outcome.state == expected, (semantics, outcome.reason, outcome.events)
+    if outcome.state == "Succeeded":
+        assert [m["epoch"] for m in bucket_metrics(run)][-1] == 2

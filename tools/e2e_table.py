@@ -1,0 +1,121 @@
+"""Render the end-to-end run's report (JSON lines written by tests/e2e) as E2E.md.
+
+python tools/e2e_table.py .e2e/report.jsonl --seconds 1234 --load "3.1 -> 7.2" --out E2E.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from fault_table import machine, revision
+
+HEADER = """\
+# End to end: the chart's pods, run
+
+No Kubernetes API server can run on the machines these tests run on, so the harness runs what one would run.
+It takes the objects `tools/render.py` renders (identical to `helm template`'s, tests/test_chart.py) and plays
+the rest of the cluster with podman ([tests/e2e/](tests/e2e/)):
+
+- **kubelet** ([kubelet.py](tests/e2e/kubelet.py)): each rendered pod spec becomes one `podman run`, field by
+  field: the restricted security context (uid 10001 or 101, `--read-only` with no writable path but the
+  declared volumes, `--cap-drop ALL`, no-new-privileges, the default seccomp profile, fsGroup), the volumes
+  (ConfigMaps written from the rendered data and mounted read-only, emptyDirs, `/dev/shm` as a tmpfs of the
+  rendered size, claims as podman volumes), memory limits, probes, the grace period, and restartPolicy (a
+  container restarted in place with the kubelet's back-off). A field it does not understand fails the test.
+- **controllers** ([controllers.py](tests/e2e/controllers.py)): Deployment, Job (Indexed, podFailurePolicy,
+  backoffLimit), JobSet (child Jobs, failurePolicy), Kubeflow Training Operator v1.9 (PyTorchJob: the pods,
+  Services and variables it makes, ExitCode/OnFailure, backoffLimit, cleanPodPolicy) and Kubeflow Trainer
+  v2.2 (TrainJob against its torch-distributed runtime: the JobSet it makes, runtimePatches merged, PET_*).
+- **cluster** ([cluster.py](tests/e2e/cluster.py)): a bridge network of its own, one IP per pod, DNS through
+  `/etc/hosts` (headless Services, the operators' Services), ClusterIP Services forwarded to Ready pods by a
+  proxy on the network's gateway; the bucket is gcp-storage-emulator on that gateway.
+- **images**: the training image built by `make build` on a stand-in CUDA base (Debian + CPU torch), and a
+  stand-in for `nginxinc/nginx-unprivileged`: Debian's nginx as uid 101 on port 8080 (no registry here).
+
+Each run: 2 nodes x 1 CPU process (`launcher.nprocPerNode: 1`, `nvidia.com/gpu` removed from the limits), the
+digits demo shards (1,438 train, 359 val images), resnet18 at 32 px, batch 32 per rank, 1 loader worker,
+results and checkpoints to `gs://e2e/runs/RUN` on the emulator. The trainers get `STORAGE_EMULATOR_HOST` from
+the chart's `env:` values; the fill pod from the harness (the chart's fill Job has no `env:`).
+"""
+
+
+def cell(value) -> str:
+    if value is None or value == "":
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value).replace("|", "/")
+
+
+def render(records: list[dict], seconds: float | None, load: str, command: str, findings: str = "") -> str:
+    """The whole E2E.md for a report's records."""
+    rows = list({r["test"]: r for r in records if "launcher" in r}.values())
+    results = {r["test"]: r for r in records if "result" in r}
+    lines = [HEADER]
+    when = f"{seconds / 60:.1f} min" if seconds else "not measured"
+    lines.append(
+        f"Command: `{command}` (wall time {when}, load average {load or 'not measured'}), revision {revision()}.  "
+    )
+    lines.append(f"Machine: {machine()}.\n")
+
+    def verdict(row: dict) -> str:
+        return results.get(row["test"], {}).get("result", "?")
+
+    runs = [r for r in rows if not r.get("expected")]
+    lines.append("## Each launcher from each shard source\n")
+    lines.append("| Launcher | Shards | Result | Top-1 | In the results bucket | Resumed | Wall (s) | Test |")
+    lines.append("|---|---|---|---:|---|---|---:|---|")
+    for row in runs:
+        cells = [row["launcher"], row["source"], f"{row['outcome']} ({row['epochs']})", cell(row["top1"])]
+        cells += [cell(row["bucket"]), cell(row["resumed"]), cell(row["seconds"]), verdict(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    faults = [r for r in rows if r.get("expected")]
+    if faults:
+        lines.append("\n## A pod lost mid-run, under the failure semantics the chart renders\n")
+        lines.append(
+            "| Launcher | Fault | Rendered semantics | Expected | Outcome | Epochs | Resumed | Wall (s) | Test |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---:|---|")
+        for row in faults:
+            cells = [row["launcher"], row["case"], row["semantics"], row["expected"], cell(row["outcome"])]
+            cells += [cell(row["epochs"]), cell(row["resumed"]), cell(row["seconds"]), verdict(row)]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("\nWhat the controllers did in each fault run:\n")
+        for row in faults:
+            lines.append(f"- {row['launcher']}, {row['case']}: " + "; ".join(e.split(" ", 1)[1] for e in row["events"]))
+    without_row = [r for test, r in results.items() if not any(row["test"] == test for row in rows)]
+    if without_row:
+        lines.append("\nOther tests:\n")
+        for result in without_row:
+            lines.append(f"- `{result['test']}`: {result['result']} {result.get('reason', '')}".rstrip())
+    if findings:
+        lines.append("\n" + findings.strip())
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Read the report, write the markdown."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", help="JSON lines written by tests/e2e (E2E_REPORT)")
+    parser.add_argument("--out", default="E2E.md", help="markdown file to write")
+    parser.add_argument("--seconds", type=float, default=None, help="wall time of the whole run")
+    parser.add_argument("--load", default="", help="load average before and after, e.g. '3.1 -> 7.2'")
+    parser.add_argument("--command", default="make e2e", help="the command that produced the report")
+    parser.add_argument("--findings", default="", help="a markdown file appended after the tables")
+    args = parser.parse_args(argv)
+    path = Path(args.report)
+    if not path.exists():
+        print(f"e2e_table: {path}: no report (did the e2e run?)", file=sys.stderr)
+        return 2
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    findings = Path(args.findings).read_text() if args.findings and Path(args.findings).exists() else ""
+    Path(args.out).write_text(render(records, args.seconds, args.load, args.command, findings))
+    print(f"wrote {args.out}: {sum('launcher' in r for r in records)} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
