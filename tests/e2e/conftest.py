@@ -18,7 +18,7 @@ from pathlib import Path
 import imagebuild
 import pytest
 
-from imagenet_train import gcs
+from imagenet_train.io import gcs
 
 from .cluster import Cluster
 from .release import Release

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from imagebuild import IMAGE_REPOSITORY, NGINX_STANDIN
 
-from imagenet_train import gcs
+from imagenet_train.io import gcs
 
 BUCKET = "e2e"
 SHARDS = f"gs://{BUCKET}/shards"
