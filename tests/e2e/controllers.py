@@ -70,6 +70,10 @@ class Controller:
     def finished(self, pod: Pod) -> None:
         self.outcome.exit_codes.append((pod.name, pod.exit_code))
         self.outcome.logs.append((pod.name, pod.log))
+        if pod.restarts:
+            self.outcome.note(
+                f"{pod.name}: its container was restarted in place {pod.restarts} time(s) (restartPolicy)"
+            )
 
     def delete_all(self, only_running: bool = False) -> None:
         """Delete pods (gracefully: SIGTERM, then SIGKILL after their grace period)."""

@@ -23,6 +23,17 @@ def trained(outcome) -> None:
         assert "imagenet-train launch: " in log and "torchrun" in log, f"{pod}:\n{log[-3000:]}"
 
 
+def resumed_line(outcome) -> str:
+    """Rank 0's account of its resume: how many files came from the bucket, and where it continued."""
+    for _, log in outcome.logs:
+        lines = log.splitlines()
+        fetched = [line for line in lines if line.startswith("fetched ") and " files from gs://" in line]
+        resumed = [line for line in lines if line.startswith("resumed from /results/")]
+        if resumed:
+            return "; ".join([*fetched[-1:], resumed[-1]])
+    return ""
+
+
 @pytest.mark.parametrize("source", ["nginx", "bucket"])
 @pytest.mark.parametrize("kind", LAUNCHERS)
 def test_training_runs_to_the_end_and_resumes_from_the_bucket(kind, source, releases, emulator, record):
@@ -34,7 +45,8 @@ def test_training_runs_to_the_end_and_resumes_from_the_bucket(kind, source, rele
     assert {"config.json", "metrics.jsonl", "checkpoints/epoch-0000.pt"} <= set(files), files
     resumed, _ = release.train(values(kind, source, run, emulator, epochs=2))
     trained(resumed)
-    assert any("resumed from /results/" in log and "continuing at epoch 1" in log for _, log in resumed.logs)
+    line = resumed_line(resumed)
+    assert "continuing at epoch 1" in line, resumed.logs
     metrics = bucket_metrics(run)
     assert [m["epoch"] for m in metrics] == [0, 1]
     record(
@@ -46,7 +58,7 @@ def test_training_runs_to_the_end_and_resumes_from_the_bucket(kind, source, rele
             epochs="1 + 1 resumed",
             top1=metrics[-1].get("top1"),
             bucket=", ".join(sorted(name for name in bucket_files(run) if not name.startswith("tensorboard/"))),
-            resumed="at epoch 1, from the bucket",
+            resumed=line,
             seconds=clock(),
             events=outcome.events + resumed.events,
         )
@@ -104,7 +116,7 @@ def test_a_pod_lost_mid_run_recovers_or_fails_cleanly(
     if outcome.state == "Succeeded":
         metrics = bucket_metrics(run)
         row.top1, row.epochs = metrics[-1].get("top1"), f"{len(metrics)} of 3"
-        row.resumed = next((line for _, log in outcome.logs for line in log.splitlines() if "resumed from" in line), "")
+        row.resumed = resumed_line(outcome)
     record(row)
     assert outcome.state == expected, (semantics, outcome.reason, outcome.events)
     if outcome.state == "Succeeded":
