@@ -8,7 +8,7 @@ import sys
 from typing import NoReturn
 
 from imagenet_train.commands import datasets, ops, plan, remote, runs, storage
-from imagenet_train.errors import ImagenetTrainError, Preempted, one_line
+from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted, one_line
 from imagenet_train.settings import converter, declared, expectation, flag
 
 
@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Preempted as stop:
         return stop.exit_code
+    except PeerLost as lost:
+        print(f"imagenet-train: error: {lost}", file=sys.stderr)
+        return lost.exit_code
     except OSError as error:
         if error.filename is None:
             raise

@@ -27,3 +27,18 @@ class Preempted(Exception):
     def exit_code(self) -> int:
         """128 + N, as for a process killed by signal N: schedulers read it as 'pre-empted, retry'."""
         return 128 + self.signum
+
+
+# Kubeflow's exit code for "retry me" (128 + SIGUSR1): the Training Operator restarts a pod that exits with
+# it, and the chart's Indexed Job, Slurm's requeue and a pre-emption's clean stop treat it the same way.
+RETRY_EXIT = 138
+
+
+class PeerLost(Exception):
+    """A collective failed because another rank is gone (its process, pod or node died without a word).
+
+    This rank cannot go on, and alone it cannot stop at a checkpoint (that needs every rank); it exits with
+    RETRY_EXIT so that the launcher restarts the whole world, which resumes from the last checkpoint.
+    """
+
+    exit_code = RETRY_EXIT

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from imagenet_train.errors import RETRY_EXIT
+
 from .runs import NVIDIA_STANDIN, Clock, MidRun, Row, bucket_files, bucket_metrics, values
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
@@ -82,10 +84,10 @@ FAULTS = [
         False,
         "worker-0",
         "kill",
-        "Failed",
-        "ExitCode: the master's error is not retried; Running pods deleted",
+        "Succeeded",
+        "ExitCode: 137 and the master's 138 (a rank gone) retry; the world restarts",
     ),
-    ("indexedjob", False, "1", "kill", "Failed", "podFailurePolicy: 137 is not 138/143, FailJob"),
+    ("indexedjob", False, "1", "kill", "Succeeded", "podFailurePolicy: 137 counted, 138 ignored; both replaced"),
     ("jobset", False, "node-0-1", "kill", "Succeeded", "backoffLimit 0 fails the Job; failurePolicy restarts the set"),
     ("trainjob", False, "node-0-1", "kill", "Succeeded", "runtime's JobSet: OnFailure restarts containers in place"),
 ]
@@ -119,5 +121,8 @@ def test_a_pod_lost_mid_run_recovers_or_fails_cleanly(
         row.resumed = resumed_line(outcome)
     record(row)
     assert outcome.state == expected, (semantics, outcome.reason, outcome.events)
+    if action == "kill" and not elastic and kind in ("pytorchjob", "indexedjob"):
+        # The survivor left on its own, with Kubeflow's retry code (errors.RETRY_EXIT), not after a timeout.
+        assert any(f"exited {RETRY_EXIT}" in event for event in outcome.events), outcome.events
     if outcome.state == "Succeeded":
         assert [m["epoch"] for m in bucket_metrics(run)][-1] == 2

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -80,6 +81,20 @@ class TorchRun:
         assert ranks, "no rank processes found"
         os.kill(ranks[-1], signum)
         return ranks[-1]
+
+    def lose_node(self) -> None:
+        """SIGKILL the launcher and every process under it at once, as a killed pod's cgroup or a lost node goes
+        (torchrun starts its ranks in sessions of their own, so killing the launcher's group would leave them)."""
+        tree, index = [self.process.pid], 0
+        while index < len(tree):
+            tree += child_pids(tree[index])
+            index += 1
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait()
+        self.seconds = time.monotonic() - self.started
+        self._stream.close()
 
     def wait(self, timeout: float) -> int:
         """Wait for the run to end; a run still going after `timeout` is a hang: killed, and the test fails."""

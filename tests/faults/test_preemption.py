@@ -1,6 +1,7 @@
 """Pre-emption and crashes mid-epoch: SIGTERM to the launcher (torchrun in `imagenet-train launch`) stops
 every rank cleanly after a checkpoint, and `--resume latest` finishes the epoch with no batch lost;
-SIGKILL of one rank ends the job without a hang and resumes from the last --checkpoint-every."""
+SIGKILL of one rank ends the job without a hang and resumes from the last --checkpoint-every; a lost node makes
+the other leave at once with the retry code (138), and a new world resumes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections import Counter
 
 import pytest
 
-from imagenet_train.ops.serve import NginxServer
+from imagenet_train.errors import RETRY_EXIT
+from imagenet_train.ops.serve import NginxServer, free_port
 from imagenet_train.planning import plan
 from imagenet_train.planning.position import consumed_keys
 
@@ -134,3 +136,51 @@ def test_sigkill_of_one_rank_ends_the_job_and_resume_sees_every_sample_once(four
     assert resumed.process.returncode == 0, resumed.output()[-4000:]
     assert accounting.lost == 0 and accounting.repeated == 0 and accounting.unexpected == 0, accounting
     assert len(set(before) | set(after)) == len(everything)
+
+
+@pytest.mark.slow  # 45 s; make test keeps tests/test_peer_lost.py (the classification against a real gloo world)
+@pytest.mark.timeout(900)
+def test_a_lost_node_makes_the_other_exit_for_a_retry_and_a_new_world_resumes(four_shards, tmp_path, record):
+    """Two nodes as `imagenet-train ssh` starts them (a static world, one `launch` each); node 1's whole session
+    is SIGKILLed as a lost pod or node would be. Node 0 must leave on its own at once, in one line, with Kubeflow's
+    retry code, so a PyTorchJob or Indexed Job replaces it too; two new nodes then resume from the checkpoint."""
+    run_dir = tmp_path / "run"
+    port = str(free_port())
+    with NginxServer(str(four_shards)) as server:
+        args = ["--shards", f"{server.url}/shards.json", "--run-dir", str(run_dir), "--mode", "split", *FAULT_TRAIN]
+
+        def node(rank: int, log: str, extra: list[str] = ()) -> TorchRun:
+            env = {"IMAGENET_TRAIN_NNODES": "2", "IMAGENET_TRAIN_NODE_RANK": str(rank)}
+            env |= {"IMAGENET_TRAIN_MASTER_ADDR": "127.0.0.1", "IMAGENET_TRAIN_MASTER_PORT": port}
+            return TorchRun([*args, *extra], tmp_path / log, nproc=1, env=env, launch=True)
+
+        survivor, lost = node(0, "node0.log"), node(1, "node1.log")
+        survivor.wait_for(step_checkpoint(run_dir, 4).exists, 300, "a checkpoint at step 4")
+        lost.lose_node()
+        code = survivor.wait(timeout=120)  # seconds in practice; the process group's 30 min timeout is a hang
+        text = survivor.output()
+        position = checkpoint_position(run_dir)
+        again = [node(rank, f"again{rank}.log", ["--resume", "latest"]) for rank in (0, 1)]
+        codes = [part.wait(timeout=400) for part in again]
+    # The killed node wrote no epoch-end key file: the position key logs are the record of both parts.
+    before, after = consumed_keys(run_dir, position), keys_after(run_dir, position.step)
+    accounting = account_exact(Counter(before) + Counter(after), train_keys(four_shards))
+    record(
+        Row(
+            fault="a node lost mid-epoch (one of two `launch` sessions SIGKILLed), then both restarted",
+            mode="split",
+            outcome=f"the other node left with exit {code} in one line; restarted world: "
+            + outcome_of(max(codes), again[0].output()),
+            lost=accounting.lost,
+            repeated=accounting.repeated,
+            seconds=round(survivor.seconds + max(part.seconds for part in again), 1),
+            notes=["steps after the last --checkpoint-every are trained again (their results died with the node)"],
+        )
+    )
+    assert code == RETRY_EXIT, f"expected exit {RETRY_EXIT}, got {code}:\n{text[-4000:]}"
+    assert not traceback_in(text), text[-4000:]
+    errors = [line for line in text.splitlines() if line.startswith("imagenet-train: error:")]
+    assert len(errors) == 1 and "another rank is gone" in errors[0], text[-3000:]
+    assert codes == [0, 0], [part.output()[-3000:] for part in again]
+    assert f"continuing at epoch 0, step {position.step}" in again[0].output()
+    assert accounting.lost == 0 and accounting.repeated == 0 and accounting.unexpected == 0, accounting

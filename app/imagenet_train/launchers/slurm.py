@@ -10,19 +10,22 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import RETRY_EXIT, ImagenetTrainError
 
 # A rendezvous port derived from the job id, so two jobs sharing a node do not collide; below Linux's
 # ephemeral range (32768-60999) so no outgoing connection holds it.
 PORT_BASE = 20000
 PORT_SPAN = 10000
-PRE_EMPTION_EXIT = (138, 143)  # 128 + SIGUSR1, 128 + SIGTERM: training stopped cleanly after a checkpoint
+# 128 + SIGUSR1, 128 + SIGTERM: training stopped cleanly after a checkpoint; 138 (errors.RETRY_EXIT) also when a
+# rank found another gone. Either way the job is requeued and resumes from the last checkpoint.
+PRE_EMPTION_EXIT = (RETRY_EXIT, 128 + signal.SIGTERM)
 
 
 def expand_nodelist(nodelist: str) -> list[str]:

@@ -68,6 +68,26 @@ def all_gather_numbers(values: list[float], info: DistInfo) -> list[list[float]]
     return [t.tolist() for t in gathered]
 
 
+# Gloo reports a peer that closed its connections, or never answered, from its transport layer as a plain
+# RuntimeError ("[.../gloo/transport/tcp/pair.cc:537] Read error ...: Connection reset by peer"); NCCL and the
+# TCPStore raise torch's DistError family.
+_GLOO_TRANSPORT = "gloo/transport/"
+
+
+def is_peer_lost(error: BaseException) -> bool:
+    """Whether a collective failed because another rank is gone, not because of anything on this rank."""
+    if isinstance(error, dist.DistError):
+        return True
+    return type(error) is RuntimeError and _GLOO_TRANSPORT in str(error)
+
+
+def peer_lost_reason(error: BaseException) -> str:
+    """The backend's one-line reason, without its source location and its generic advice."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = text.split("] ", 1)[1] if text.startswith("[") and "] " in text else text
+    return text.split(". This is typically caused by", 1)[0].rstrip(".")
+
+
 def cleanup() -> None:
     """Leave the process group, if this module created it (a launcher's own group is the launcher's)."""
     if _created and dist.is_initialized():

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Config
-from imagenet_train.errors import ImagenetTrainError, Preempted
+from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.dali import DaliAugment, DaliDecoder, jpeg_bytes, pack_jpegs
 from imagenet_train.loading.pipeline import (
     DataSource,
@@ -39,7 +39,15 @@ from imagenet_train.planning.position import KeyLog, Position, consumed_keys
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint
 from imagenet_train.training.data_wait import DataWait
-from imagenet_train.training.dist import DistInfo, all_gather_numbers, all_sum, cleanup, init_distributed
+from imagenet_train.training.dist import (
+    DistInfo,
+    all_gather_numbers,
+    all_sum,
+    cleanup,
+    init_distributed,
+    is_peer_lost,
+    peer_lost_reason,
+)
 from imagenet_train.training.events import EpochEvents
 from imagenet_train.training.preempt import StepVote, StopRequest
 from imagenet_train.training.results import ResultsUploader, fetch_for_resume
@@ -662,6 +670,13 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     except (Preempted, ImagenetTrainError) as error:
         failure = error.with_traceback(None)  # the traceback holds the loop's frames and, in them, the loaders
         failure.__context__ = failure.__cause__ = None
+    except Exception as error:
+        if not is_peer_lost(error):
+            raise
+        failure = PeerLost(
+            f"rank {info.rank}: another rank is gone ({peer_lost_reason(error)}); exit {PeerLost.exit_code} asks the "
+            f"launcher to restart every node, which resumes from the last checkpoint with --resume latest"
+        )
     finally:
         del trainer
         gc.collect()
