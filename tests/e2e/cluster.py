@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import ipaddress
+import json
+import os
 import random
 import select
 import socket
@@ -30,17 +32,61 @@ from chartkit.render import render
 
 from .kubelet import Kubelet, Refused, container_port, selects
 
+# Every container, pod, volume and network a session makes carries its pid, so a later session can tell what an
+# aborted one left behind (its training pods would go on using the CPUs, its network would keep a subnet).
+OWNER = "imagenet-train-e2e.owner"
+
+
+def owner_label() -> list[str]:
+    """The label options that mark something as this test session's."""
+    return ["--label", f"{OWNER}={os.getpid()}"]
+
+
+# Per kind, what lists it, its name's key in podman's JSON, and what removes it: containers first, networks last.
+ABANDONED_KINDS = [
+    (("ps", "--all"), "Names", ("rm", "--force", "--time", "0")),
+    (("pod", "ps"), "Name", ("pod", "rm", "-f")),
+    (("volume", "ls"), "Name", ("volume", "rm", "--force")),
+    (("network", "ls"), "name", ("network", "rm")),
+]
+
+
+def sweep_abandoned(engine: Podman) -> list[str]:
+    """Remove what sessions that are no longer running left behind; returns the names removed."""
+    removed = []
+    for listing, key, remove in ABANDONED_KINDS:
+        found = engine(*listing, "--filter", f"label={OWNER}", "--format", "json", check=False).stdout
+        for item in json.loads(found or "[]"):
+            labels = item.get("Labels") or item.get("labels") or {}
+            if not _running(int(labels.get(OWNER, "0"))):
+                name = item[key][0] if isinstance(item[key], list) else item[key]
+                if engine(*remove, name, check=False).returncode == 0:  # a pod's infra container goes with the pod
+                    removed.append(name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
 
 class Cluster:
     """Objects, names, addresses and pods of one test session's cluster."""
 
     def __init__(self, engine: Podman, root: Path):
         self.engine, self.root = engine, root
+        self.owned = owner_label()
         self.prefix = f"e2e{random.randrange(16**6):06x}"
         self.network = self.prefix
         for _ in range(20):
             subnet = ipaddress.ip_network(f"10.{random.randrange(100, 250)}.{random.randrange(256)}.0/24")
-            if self.engine("network", "create", "--subnet", str(subnet), self.network, check=False).returncode == 0:
+            made = self.engine("network", "create", *self.owned, "--subnet", str(subnet), self.network, check=False)
+            if made.returncode == 0:
                 break
         else:
             raise AssertionError("no free /24 for the cluster's network")
@@ -48,7 +94,7 @@ class Cluster:
         self.gateway = str(subnet.network_address + 1)
         # netavark makes the bridge (and the gateway's address on this host) for the first container on the
         # network and removes it with the last: an idle pod (its pause container) keeps it for the session.
-        self.engine("pod", "create", "--name", f"{self.prefix}-node", "--network", self.network)
+        self.engine("pod", "create", *self.owned, "--name", f"{self.prefix}-node", "--network", self.network)
         self.engine("pod", "start", f"{self.prefix}-node")
         self.objects: dict[tuple[str, str], dict] = {}
         self.addresses: dict[str, str] = {}  # pod hostname -> IP
@@ -88,7 +134,7 @@ class Cluster:
         self.object("PersistentVolumeClaim", name)
         volume = f"{self.prefix}-{name}"
         if self.engine("volume", "exists", volume, check=False).returncode != 0:
-            self.engine("volume", "create", volume)
+            self.engine("volume", "create", *self.owned, volume)
         return volume
 
     # -- addresses and names -------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 
 from imagenet_train.io import gcs
 
-from .cluster import Cluster
+from .cluster import Cluster, sweep_abandoned
 from .release import Release
 from .runs import BUCKET, SHARDS, Row, report_path, values
 from conftest import local_service
@@ -31,6 +32,9 @@ def cluster(training_image, tmp_path_factory):
     """The podman cluster with the training image and the stand-in nginx image."""
     tmp = tmp_path_factory.mktemp("cluster")
     imagebuild.nginx_standin(training_image.engine, tmp)
+    left = sweep_abandoned(training_image.engine)
+    if left:
+        warnings.warn(f"removed what aborted e2e sessions left: {', '.join(left)}", stacklevel=1)
     built = Cluster(training_image.engine, tmp)
     yield built
     built.close()

@@ -166,6 +166,7 @@ class Kubelet:
             f"{self.cluster.prefix}-{request.name}",
             "--label",
             f"imagenet-train-e2e={self.cluster.prefix}",
+            *self.cluster.owned,
             "--network",
             self.cluster.network,
             "--ip",

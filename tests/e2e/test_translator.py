@@ -31,7 +31,7 @@ class Engine:
 
 
 class Cluster:
-    prefix, network = "test", "test-net"
+    prefix, network, owned = "test", "test-net", ["--label", "imagenet-train-e2e.owner=1"]
 
     def __init__(self, root: Path, objects: list[dict]):
         self.root, self.engine = root, Engine(root)
