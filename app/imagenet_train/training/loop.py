@@ -36,6 +36,7 @@ from imagenet_train.loading.shard_queue import job_queue
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.position import KeyLog, Position, consumed_keys
+from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint
 from imagenet_train.training.data_wait import DataWait
@@ -329,36 +330,32 @@ class Trainer:
 
     def _prepare_epoch(self, epoch: int) -> Position:
         """Point the loader at this epoch, or at what is left of it when resuming inside it."""
-        position = self.position if self.position and self.position.epoch == epoch else Position(epoch)
+        data = self.cfg.data
+        start = epoch_start(
+            self.position,
+            epoch,
+            data.mode,
+            self.info.world,
+            data.batch_size,
+            self.schedule.epoch_batches(epoch),
+            data.epoch_batches,
+        )
         self.position = None
         stream = self.train_loader.stream
         self.train_loader.set_epoch(epoch)
-        stream.skip_keys, stream.resume_tag = frozenset(), ""
-        changed = bool(position.step and position.world and position.world != self.info.world)
-        if not self.exact:
-            remaining = self.schedule.epoch_batches(epoch) - position.step
-            if changed:
-                remaining = position.samples_left // (self.cfg.data.batch_size * self.info.world)
-            self.train_loader.batches = remaining
-            if position.step:
-                stream.resume_tag = f":resume{position.step}"
-        else:
-            # Split mode may be cut at --epoch-batches (every rank stops there); queue mode never is.
-            cut = self.cfg.data.mode == Mode.SPLIT and self.cfg.data.epoch_batches
-            self.train_loader.batches = self.cfg.data.epoch_batches - position.step if cut else None
-            if position.step:
-                stream.skip_keys = frozenset(consumed_keys(self.run_dir, position))
-        if changed and self.info.is_main:
+        self.train_loader.batches = start.batches
+        stream.resume_tag = start.resume_tag
+        stream.skip_keys = frozenset(consumed_keys(self.run_dir, start.resumed_from) if start.skip_consumed else ())
+        saved = start.resumed_from
+        if start.world_changed and self.info.is_main:
             what = (
                 f"the {len(stream.skip_keys)} samples already seen are skipped and the rest split over the new ranks"
                 if self.exact
-                else f"continuing with {self.train_loader.batches} batches per rank, the "
-                f"{position.samples_left} samples the epoch still owed"
+                else f"continuing with {start.batches} batches per rank, the {saved.samples_left} samples the "
+                "epoch still owed"
             )
-            print(f"world size changed from {position.world} to {self.info.world} mid-epoch: {what}", flush=True)
-        if position.step:
-            position = Position(epoch, position.step, [*position.segments, position.step])
-        return position
+            print(f"world size changed from {saved.world} to {self.info.world} mid-epoch: {what}", flush=True)
+        return start.position
 
     def train_epoch(self, epoch: int) -> dict:
         info, loader = self.info, self.train_loader
