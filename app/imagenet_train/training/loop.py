@@ -18,20 +18,17 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
-from imagenet_train.loading.dali import DaliAugment, DaliDecoder, jpeg_bytes, pack_jpegs
+from imagenet_train.loading.dali import DaliAugment, DaliDecoder
 from imagenet_train.loading.pipeline import (
     DataSource,
     EpochLoader,
-    ShardReading,
-    ShardStream,
     resolve_source,
     worker_context,
 )
 from imagenet_train.loading.prefetch import device_batches
-from imagenet_train.loading.presets import TrainPreset, ValPreset, normalize
+from imagenet_train.loading.presets import normalize
 from imagenet_train.loading.shard_queue import job_queue
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
@@ -51,124 +48,23 @@ from imagenet_train.training.dist import (
 )
 from imagenet_train.training.events import EpochEvents
 from imagenet_train.training.preempt import StepVote, StopRequest
+from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
 from imagenet_train.training.results import ResultsUploader, fetch_for_resume
+from imagenet_train.training.setup import (
+    amp_dtype,
+    augmentation_seed,
+    build_model,
+    parameter_groups,
+    preflight_check,
+    seed_augmentation,
+    train_loader,
+    val_loader,
+)
+from imagenet_train.training.validation import validate
 
 log = logging.getLogger(__name__)
 
 STOP_UPLOAD_S = 30.0  # after a pre-emption signal, how long the results mirror may take (part of the grace period)
-
-
-def build_model(arch: str, num_classes: int) -> torch.nn.Module:
-    """A torchvision classification model by name, randomly initialised."""
-    ensure_torchvision()
-    import torchvision
-
-    names = torchvision.models.list_models(module=torchvision.models)
-    if arch not in names:
-        raise ImagenetTrainError(f"--arch: unknown model '{arch}' (torchvision has e.g. resnet18, resnet50)")
-    return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
-
-
-def augmentation_seed(seed: int, rank: int) -> int:
-    """The seed of a rank's augmentation: each rank draws its own crops, reproducibly."""
-    return seed + 1000 * rank
-
-
-def seed_augmentation(seed: int, rank: int) -> None:
-    """Seed this process's torch RNG for `rank`'s augmentation (in-process, and the DataLoader workers' seeds).
-
-    Call it after the model is built from the shared seed: every rank must start with the same weights but
-    crop differently, or both halves of each global batch get the same crops.
-    """
-    torch.manual_seed(augmentation_seed(seed, rank))
-
-
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on weights only: not on biases and normalisation parameters."""
-    decay, no_decay = [], []
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            (no_decay if parameter.ndim <= 1 else decay).append(parameter)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype: bf16 on capable GPUs under 'auto', nothing on CPU unless asked."""
-    if mode == "off" or (mode == "auto" and device.type != "cuda"):
-        return None
-    if mode == "fp16":
-        return torch.float16
-    if mode == "auto" and not torch.cuda.is_bf16_supported():
-        return torch.float16
-    return torch.bfloat16
-
-
-def preflight_check(cfg: Config, train_sizes: list[int] | None, world: int) -> plan.Assessment | None:
-    """The planner's verdict on `world` ranks training `cfg`; raises if they would hang (unless --force)."""
-    if train_sizes is None:
-        return None
-    setup = plan.Setup.of(cfg.data, cfg.run.seed, train_sizes, gpus_per_node=world)
-    assessment = plan.assess(setup)
-    if assessment.hangs and not cfg.run.force:
-        raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
-    return assessment
-
-
-def shard_reading(cfg: Config, source: DataSource) -> ShardReading:
-    """How the loaders read shards: the outage budget, broken-shard policy, expected sizes and cache."""
-    data = cfg.data
-    return ShardReading(data.io_timeout, data.on_broken_shard, source.expected, data.cache_dir)
-
-
-def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Schedule, queue=None) -> EpochLoader:
-    """This rank's training batches: equal counts per rank in resampled mode, every sample once otherwise."""
-    data = cfg.data
-    exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
-    dali = data.decoder == "dali"  # workers hand over the JPEG bytes; DALI decodes them in the rank
-    preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder)
-    stream = ShardStream(
-        urls=source.train_urls,
-        transform=jpeg_bytes if dali else preset.build(),
-        collate_fn=pack_jpegs if dali else None,
-        batch_size=data.batch_size,
-        rank=info.rank,
-        world=info.world,
-        resampled=not exact,
-        queue=queue,
-        repeat=data.repeat,
-        shuffle_buffer=data.shuffle_buffer,
-        seed=cfg.run.seed,
-        reading=shard_reading(cfg, source),
-    )
-    return EpochLoader(
-        stream,
-        data.workers,
-        None if exact else schedule.epoch_batches(0),
-        pin_memory=info.device.type == "cuda" and not dali,
-        timeout=data.loader_timeout,
-    )
-
-
-def val_loader(cfg: Config, info: DistInfo, source: DataSource) -> EpochLoader | None:
-    """This rank's share of the validation shards, read once in order (None without val shards)."""
-    if not source.val_urls:
-        return None
-    data = cfg.data
-    dali = data.decoder == "dali"
-    stream = ShardStream(
-        urls=source.val_urls,
-        transform=jpeg_bytes if dali else ValPreset(data.image_size, data.val_resize or None).build(),
-        collate_fn=pack_jpegs if dali else None,
-        batch_size=data.batch_size,
-        rank=info.rank,
-        world=info.world,
-        resampled=False,
-        shuffle_shards=False,
-        shuffle_buffer=0,
-        reading=shard_reading(cfg, source),
-    )
-    pin = info.device.type == "cuda" and not dali
-    return EpochLoader(stream, data.workers, pin_memory=pin, timeout=data.loader_timeout)
 
 
 class Trainer:
@@ -398,7 +294,7 @@ class Trainer:
         verdict, (stopped_mid_epoch, steps_taken) = self.vote.settle(broke, batches)
         self.vote.raise_failure(verdict)
         if self.exact and info.enabled:
-            self._sync_optimizer_state(batches)
+            sync_optimizer_state(self.optimizer, batches, self.info)
         self._write_keys("train", epoch, keys, append=bool(start))
         if stopped_mid_epoch:
             owed = (loader.batches - (steps_taken - start)) * self.global_batch if loader.batches else 0
@@ -449,76 +345,24 @@ class Trainer:
         self.scaler.update()
         return loss.detach().double()
 
-    def _sync_optimizer_state(self, batches: int) -> None:
-        """After Join, copy momentum from a rank that ran every step, so replicas stay identical.
-
-        Join's DDP hook syncs the parameters from the last joiner; optimizer state on ranks that
-        joined early is stale and would make the replicas drift apart from the next step on.
-        """
-        counts = [int(c[0]) for c in all_gather_numbers([batches], self.info)]
-        source = max(rank for rank, count in enumerate(counts) if count == max(counts))
-        # Walk the parameters, not the state: a rank that has not stepped yet (queue mode can leave it
-        # without a shard) has no momentum buffers, and every rank must make the same broadcasts.
-        for group in self.optimizer.param_groups:
-            if not group["momentum"]:
-                continue
-            for parameter in group["params"]:
-                state = self.optimizer.state[parameter]
-                if state.get("momentum_buffer") is None:
-                    state["momentum_buffer"] = torch.zeros_like(parameter)
-                dist.broadcast(state["momentum_buffer"], src=source)
-
-    def replicas_in_sync(self) -> bool:
-        """Whether every rank holds the same weights and momentum (a cheap checksum compare)."""
-        if not self.info.enabled:
-            return True
-        total = sum(p.detach().double().sum().item() for p in self.model.parameters())
-        total += sum(
-            v.double().sum().item()
-            for s in self.optimizer.state.values()
-            for v in s.values()
-            if torch.is_tensor(v) and v.dtype.is_floating_point
-        )
-        sums = [s[0] for s in all_gather_numbers([total], self.info)]
-        return max(sums) - min(sums) <= 1e-6 * max(1.0, abs(sums[0]))
-
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:
         if self.val_loader is None:
             return {}
-        info = self.info
         self.model.eval()
-        topk = min(5, self.source.num_classes)
-        # Sums stay on the device until the end: no host sync per batch.
-        totals = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss, top-1 hits, top-k hits
-        count, keys = 0, []
-        damage_before = self.val_loader.damage()
-        for images, labels, batch_keys in self.batches(self.val_loader, self.val_augment):
-            images = normalize(images, self.channels_last)
-            with torch.autocast(info.device.type, dtype=self.amp, enabled=self.amp is not None):
-                logits = self.model(images)
-            hits = logits.topk(topk, dim=1).indices.eq(labels.view(-1, 1))
-            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-            totals += torch.stack([loss.double(), hits[:, 0].sum().double(), hits.any(dim=1).sum().double()])
-            count += len(labels)
-            if self.cfg.run.log_keys:
-                keys.extend(batch_keys)
-        self._write_keys("val", epoch, keys)
-        _, broken, lost = (now - before for now, before in zip(self.val_loader.damage(), damage_before, strict=True))
-        loss_sum, correct1, correctk = totals.tolist()
-        loss_sum, correct1, correctk, count, broken, lost = all_sum(
-            [loss_sum, correct1, correctk, count, broken, lost], info
+        batches = self.batches(self.val_loader, self.val_augment)
+        record, keys = validate(
+            self.model,
+            self.val_loader,
+            batches,
+            self.info,
+            self.amp,
+            self.channels_last,
+            self.source.num_classes,
+            keep_keys=self.cfg.run.log_keys,
         )
-        if count == 0:
-            raise ImagenetTrainError("validation: the val shards held no samples")
-        damaged = {"val_broken_shards": int(broken), "val_lost_samples": int(lost)} if broken else {}
-        return {
-            "val_loss": loss_sum / count,
-            "top1": correct1 / count,
-            f"top{topk}": correctk / count,
-            "val_samples": int(count),
-            **damaged,
-        }
+        self._write_keys("val", epoch, keys)
+        return record
 
     def _write_keys(self, split: str, epoch: int, keys: list[str], append: bool = False) -> None:
         """--log-keys: the keys read, per split, epoch and rank; a resumed part of an epoch appends."""
@@ -565,7 +409,7 @@ class Trainer:
             if self.cfg.run.total_samples:
                 done = min(self.schedule.total, (epoch + 1) * self.schedule.interval)
                 record["samples_seen"] = done * self.global_batch
-            record["replicas_in_sync"] = self.replicas_in_sync()
+            record["replicas_in_sync"] = replicas_in_sync(self.model, self.optimizer, self.info)
             record["epoch_time_s"] = round(time.time() - started, 3)
             record["samples_per_s"] = round(record["train_samples"] / max(record["epoch_time_s"], 1e-9), 1)
             path = self.save(epoch)
