@@ -54,14 +54,17 @@ def wall(value) -> str:
     return "–" if value is None else f"{value:.0f}"
 
 
-def render(records: list[dict], seconds: float | None, load: str, command: str, findings: str = "") -> str:
+def render(
+    records: list[dict], seconds: float | None, load: str, command: str, findings: str = "", commit: str = ""
+) -> str:
     """The whole E2E.md for a report's records."""
     rows = list({r["test"]: r for r in records if "launcher" in r}.values())
     results = {r["test"]: r for r in records if "result" in r}
     lines = [HEADER]
     when = f"{seconds / 60:.1f} min" if seconds else "not measured"
     lines.append(
-        f"Command: `{command}` (wall time {when}, load average {load or 'not measured'}), revision {revision()}.  "
+        f"Command: `{command}` (wall time {when}, load average {load or 'not measured'}), "
+        f"revision {commit or revision()}.  "
     )
     lines.append(f"Machine: {machine()}.\n")
 
@@ -124,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", default="", help="load average before and after, e.g. '3.1 -> 7.2'")
     parser.add_argument("--command", default="make e2e", help="the command that produced the report")
     parser.add_argument("--findings", default="", help="a markdown file appended after the tables")
+    parser.add_argument("--revision", default="", help="the commit the run tested (default: the checkout's now)")
     args = parser.parse_args(argv)
     path = Path(args.report)
     if not path.exists():
@@ -131,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     findings = Path(args.findings).read_text() if args.findings and Path(args.findings).exists() else ""
-    Path(args.out).write_text(render(records, args.seconds, args.load, args.command, findings))
+    Path(args.out).write_text(render(records, args.seconds, args.load, args.command, findings, args.revision))
     print(f"wrote {args.out}: {sum('launcher' in r for r in records)} rows")
     return 0
 

@@ -80,8 +80,10 @@ def machine() -> str:
 
 
 def revision() -> str:
+    """The checkout's commit now, marked `-dirty` with uncommitted changes (the Makefile takes it at the start)."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        command = ["git", "describe", "--always", "--dirty"]
+        return subprocess.run(command, capture_output=True, text=True).stdout.strip() or "unknown"
     except OSError:
         return "unknown"
 
@@ -90,14 +92,14 @@ def figure(value) -> str:
     return "–" if value is None else str(value)
 
 
-def render(records: list[dict], seconds: float | None, command: str, findings: str = "") -> str:
+def render(records: list[dict], seconds: float | None, command: str, findings: str = "", commit: str = "") -> str:
     """The whole RELIABILITY.md for a report's records."""
     # A test run again (to measure it again) replaces its earlier row and verdict.
     rows = list({r["test"]: r for r in records if "fault" in r}.values())
     results = {r["test"]: r for r in records if "result" in r}
     lines = [HEADER]
     when = f"{seconds / 60:.1f} min" if seconds else "not measured"
-    lines.append(f"Command: `{command}` (whole suite: {when}), revision {revision()}.  ")
+    lines.append(f"Command: `{command}` (whole suite: {when}), revision {commit or revision()}.  ")
     lines.append(f"Machine: {machine()}.\n")
     lines.append(
         "| Fault | Mode | Outcome | Lost | Repeated | Broken (counted) | Wall time lost (s) | Run time (s) | Test |"
@@ -140,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=None, help="wall time of the whole suite")
     parser.add_argument("--command", default="make faults", help="the command that produced the report")
     parser.add_argument("--findings", default="", help="a markdown file appended after the table (open failures)")
+    parser.add_argument("--revision", default="", help="the commit the suite ran (default: the checkout's now)")
     args = parser.parse_args(argv)
     path = Path(args.report)
     if not path.exists():
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     findings = Path(args.findings).read_text() if args.findings and Path(args.findings).exists() else ""
-    Path(args.out).write_text(render(records, args.seconds, args.command, findings))
+    Path(args.out).write_text(render(records, args.seconds, args.command, findings, args.revision))
     print(f"wrote {args.out}: {sum('fault' in r for r in records)} rows")
     return 0
 
