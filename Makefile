@@ -94,7 +94,7 @@ FAULTS_REPORT ?= $(CURDIR)/.faults/report.jsonl
 faults: venv system-deps
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
 	rev=$$(git describe --always --dirty); start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
-	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --revision $$rev --findings tests/faults/findings.md --out RELIABILITY.md; \
+	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --revision "$$rev" --findings tests/faults/findings.md --out RELIABILITY.md; \
 	  $(BIN)/python -m pytest -q -m slow tests/test_resume.py || status=1; \
 	  exit $$status
 
@@ -115,7 +115,7 @@ e2e: venv image-deps
 	mkdir -p $(dir $(E2E_REPORT)) && rm -f $(E2E_REPORT)
 	load=$$(cut -d' ' -f1-3 /proc/loadavg); rev=$$(git describe --always --dirty); start=$$(date +%s); \
 	  E2E_REPORT=$(E2E_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.e2e/tmp tests/e2e; status=$$?; \
-	  $(BIN)/python tools/e2e_table.py $(E2E_REPORT) --seconds $$(( $$(date +%s) - start )) --revision $$rev --findings tests/e2e/findings.md \
+	  $(BIN)/python tools/e2e_table.py $(E2E_REPORT) --seconds $$(( $$(date +%s) - start )) --revision "$$rev" --findings tests/e2e/findings.md \
 	    --load "$$load at the start, $$(cut -d' ' -f1-3 /proc/loadavg) at the end (1, 5, 15 min)" --out E2E.md; \
 	  exit $$status
 

@@ -55,7 +55,7 @@ def wall(value) -> str:
 
 
 def render(
-    records: list[dict], seconds: float | None, load: str, command: str, findings: str = "", commit: str = ""
+    records: list[dict], seconds: float | None, load: str, command: str, findings: str = "", revision_id: str = ""
 ) -> str:
     """The whole E2E.md for a report's records."""
     rows = list({r["test"]: r for r in records if "launcher" in r}.values())
@@ -64,7 +64,7 @@ def render(
     when = f"{seconds / 60:.1f} min" if seconds else "not measured"
     lines.append(
         f"Command: `{command}` (wall time {when}, load average {load or 'not measured'}), "
-        f"revision {commit or revision()}.  "
+        f"revision {revision_id or revision()}.  "
     )
     lines.append(f"Machine: {machine()}.\n")
 

@@ -92,14 +92,14 @@ def figure(value) -> str:
     return "–" if value is None else str(value)
 
 
-def render(records: list[dict], seconds: float | None, command: str, findings: str = "", commit: str = "") -> str:
+def render(records: list[dict], seconds: float | None, command: str, findings: str = "", revision_id: str = "") -> str:
     """The whole RELIABILITY.md for a report's records."""
     # A test run again (to measure it again) replaces its earlier row and verdict.
     rows = list({r["test"]: r for r in records if "fault" in r}.values())
     results = {r["test"]: r for r in records if "result" in r}
     lines = [HEADER]
     when = f"{seconds / 60:.1f} min" if seconds else "not measured"
-    lines.append(f"Command: `{command}` (whole suite: {when}), revision {commit or revision()}.  ")
+    lines.append(f"Command: `{command}` (whole suite: {when}), revision {revision_id or revision()}.  ")
     lines.append(f"Machine: {machine()}.\n")
     lines.append(
         "| Fault | Mode | Outcome | Lost | Repeated | Broken (counted) | Wall time lost (s) | Run time (s) | Test |"

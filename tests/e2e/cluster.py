@@ -32,14 +32,20 @@ from chartkit.render import render
 
 from .kubelet import Kubelet, Refused, container_port, selects
 
-# Every container, pod, volume and network a session makes carries its pid, so a later session can tell what an
-# aborted one left behind (its training pods would go on using the CPUs, its network would keep a subnet).
+# Every container, pod, volume and network a session makes carries its host and pid, so a later session on the
+# same host can tell what an aborted one left behind (its training pods would go on using the CPUs, its network
+# would keep a subnet). What another host's session made (podman storage shared across containers) is left alone.
 OWNER = "imagenet-train-e2e.owner"
+
+
+def owner() -> str:
+    """This test session, as its objects' owner label says it: HOST:PID."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def owner_label() -> list[str]:
     """The label options that mark something as this test session's."""
-    return ["--label", f"{OWNER}={os.getpid()}"]
+    return ["--label", f"{OWNER}={owner()}"]
 
 
 # Per kind, what lists it, its name's key in podman's JSON, and what removes it: containers first, networks last.
@@ -58,21 +64,25 @@ def sweep_abandoned(engine: Podman) -> list[str]:
         found = engine(*listing, "--filter", f"label={OWNER}", "--format", "json", check=False).stdout
         for item in json.loads(found or "[]"):
             labels = item.get("Labels") or item.get("labels") or {}
-            if not _running(int(labels.get(OWNER, "0"))):
+            if _abandoned(labels.get(OWNER, "")):
                 name = item[key][0] if isinstance(item[key], list) else item[key]
                 if engine(*remove, name, check=False).returncode == 0:  # a pod's infra container goes with the pod
                     removed.append(name)
     return removed
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def _abandoned(label: str) -> bool:
+    """Whether an owner label names a session of this host that is no longer running."""
+    host, _, pid = label.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) <= 0:
         return False
-    except PermissionError:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
         return True
-    return pid > 0
+    except PermissionError:
+        return False
+    return False
 
 
 class Cluster:

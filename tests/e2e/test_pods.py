@@ -87,7 +87,7 @@ FAULTS = [
         "Succeeded",
         "ExitCode: 137 and the master's 138 (a rank gone) retry; the world restarts",
     ),
-    ("indexedjob", False, "1", "kill", "Succeeded", "podFailurePolicy: 137 counted, 138 ignored; both replaced"),
+    ("indexedjob", False, "1", "kill", "Succeeded", "podFailurePolicy: 137 and 138 counted (2 of 3); both replaced"),
     ("jobset", False, "node-0-1", "kill", "Succeeded", "backoffLimit 0 fails the Job; failurePolicy restarts the set"),
     ("trainjob", False, "node-0-1", "kill", "Succeeded", "runtime's JobSet: OnFailure restarts containers in place"),
 ]

@@ -26,7 +26,7 @@ from imagenet_train.loading.pipeline import EpochLoader, resolve_source
 from imagenet_train.loading.presets import normalize
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training.dist import DistInfo
-from imagenet_train.training.setup import (
+from imagenet_train.training.parts import (
     build_model,
     parameter_groups,
     preflight_check,

@@ -182,7 +182,8 @@ def batch_script(job: BatchJob) -> str:
         codes = " || ".join(f"[ $status -eq {code} ]" for code in PRE_EMPTION_EXIT)
         lines += [
             f"if {codes}; then",
-            '  echo "imagenet-train: stopped with a checkpoint (exit $status); requeueing job $SLURM_JOB_ID"',
+            '  echo "imagenet-train: stopped to resume from the last checkpoint (exit $status: a pre-emption signal'
+            ' or a lost node); requeueing job $SLURM_JOB_ID"',
             '  scontrol requeue "$SLURM_JOB_ID"',
             "fi",
         ]

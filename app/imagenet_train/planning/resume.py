@@ -14,6 +14,8 @@ from imagenet_train.planning.position import Position
 
 @dataclass(frozen=True)
 class EpochStart:
+    """What the trainer sets on its loader before an epoch, and the position its key logs and checkpoints use."""
+
     position: Position  # where the epoch starts; resuming, the checkpoint's step opens a new segment
     batches: int | None  # the loader's batch limit for what is left (None: until the data runs out)
     resumed_from: Position | None = None  # the checkpoint's own position, when resuming inside this epoch

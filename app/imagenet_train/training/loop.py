@@ -35,7 +35,7 @@ from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.position import KeyLog, Position, consumed_keys
 from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.training import checkpoint
+from imagenet_train.training import checkpoint, evaluation
 from imagenet_train.training.data_wait import DataWait
 from imagenet_train.training.dist import (
     DistInfo,
@@ -47,10 +47,7 @@ from imagenet_train.training.dist import (
     peer_lost_reason,
 )
 from imagenet_train.training.events import EpochEvents
-from imagenet_train.training.preempt import StepVote, StopRequest
-from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
-from imagenet_train.training.results import ResultsUploader, fetch_for_resume
-from imagenet_train.training.setup import (
+from imagenet_train.training.parts import (
     amp_dtype,
     augmentation_seed,
     build_model,
@@ -60,7 +57,9 @@ from imagenet_train.training.setup import (
     train_loader,
     val_loader,
 )
-from imagenet_train.training.validation import validate
+from imagenet_train.training.preempt import StepVote, StopRequest
+from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
+from imagenet_train.training.results import ResultsUploader, fetch_for_resume
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +350,7 @@ class Trainer:
             return {}
         self.model.eval()
         batches = self.batches(self.val_loader, self.val_augment)
-        record, keys = validate(
+        record, keys = evaluation.evaluate(
             self.model,
             self.val_loader,
             batches,
@@ -504,9 +503,10 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     source = resolve_source(
         data.shards, data.train_urls, data.val_urls, data.train_samples, data.num_classes, data.io_timeout
     )
-    trainer = Trainer(cfg, info, source, request)
+    trainer: Trainer | None = None
     failure: BaseException | None = None
     try:
+        trainer = Trainer(cfg, info, source, request)  # DDP's constructor broadcasts: a peer can be lost here too
         return trainer.run()
     except (Preempted, ImagenetTrainError) as error:
         failure = error.with_traceback(None)  # the traceback holds the loop's frames and, in them, the loaders
@@ -514,6 +514,7 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     except Exception as error:
         if not is_peer_lost(error):
             raise
+        log.debug("a collective failed", exc_info=error)
         failure = PeerLost(
             f"rank {info.rank}: another rank is gone ({peer_lost_reason(error)}); exit {PeerLost.exit_code} asks the "
             f"launcher to restart every node, which resumes from the last checkpoint with --resume latest"

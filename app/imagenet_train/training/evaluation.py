@@ -14,7 +14,7 @@ from imagenet_train.training.dist import DistInfo, all_sum
 
 
 @torch.no_grad()
-def validate(
+def evaluate(
     model: torch.nn.Module,
     loader: EpochLoader,
     batches: Iterable,
