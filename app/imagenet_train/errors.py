@@ -29,8 +29,9 @@ class Preempted(Exception):
         return 128 + self.signum
 
 
-# Kubeflow's exit code for "retry me" (128 + SIGUSR1): the Training Operator restarts a pod that exits with
-# it, and the chart's Indexed Job, Slurm's requeue and a pre-emption's clean stop treat it the same way.
+# Kubeflow's exit code for "retry me" (128 + SIGUSR1, also a Slurm pre-emption's clean stop): the Training
+# Operator restarts a pod that exits with it (ExitCode), the chart's Indexed Job replaces it (counted against
+# backoffLimit), and the Slurm script requeues the job.
 RETRY_EXIT = 138
 
 
