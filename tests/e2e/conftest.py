@@ -8,7 +8,6 @@ release.py is Helm. The bucket is gcp-storage-emulator, started here on the clus
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import imagebuild
 import pytest
+import reports
 
 from imagenet_train.io import gcs
 
@@ -80,27 +80,12 @@ def releases(cluster, emulator, tmp_path_factory):
 @pytest.fixture
 def record(request, tmp_path_factory) -> Callable[[Row], None]:
     """Append this test's row(s) to the e2e report (JSON lines) that tools/e2e_table.py makes E2E.md from."""
-    path = report_path(tmp_path_factory.getbasetemp())
-
-    def write(row: Row) -> None:
-        row.test = request.node.nodeid
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as stream:
-            stream.write(row.as_json() + "\n")
-
-    return write
+    return reports.recorder(report_path(tmp_path_factory.getbasetemp()), request.node.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Each test's verdict goes into the report beside its row, so the table says whether it held."""
     report = yield
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        verdict = {"test": item.nodeid, "result": report.outcome}
-        if report.failed:
-            verdict["reason"] = str(report.longrepr).strip().splitlines()[-1][:300]
-        path = report_path(item.config._tmp_path_factory.getbasetemp())
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as stream:
-            stream.write(json.dumps(verdict) + "\n")
+    reports.record_verdict(report_path(item.config._tmp_path_factory.getbasetemp()), item.nodeid, report)
     return report

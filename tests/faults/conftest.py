@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import reports
 
 from imagenet_train.datasets.convert import ShardOptions, convert
 from imagenet_train.ops.serve import NginxServer
@@ -39,15 +40,7 @@ def report_path(base: Path) -> Path:
 @pytest.fixture
 def record(request, tmp_path_factory) -> Callable[[Row], None]:
     """Append this test's row(s) to the fault report (JSON lines), stamped with the test's id."""
-    path = report_path(tmp_path_factory.getbasetemp())
-
-    def write(row: Row) -> None:
-        row.test = request.node.nodeid
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as stream:
-            stream.write(row.as_json() + "\n")
-
-    return write
+    return reports.recorder(report_path(tmp_path_factory.getbasetemp()), request.node.nodeid)
 
 
 class Baselines:
@@ -99,12 +92,5 @@ def baselines(tmp_path_factory) -> Baselines:
 def pytest_runtest_makereport(item, call):
     """Record each fault test's verdict in the report beside its row, so the table says whether it held."""
     report = yield
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        verdict = {"test": item.nodeid, "result": report.outcome}
-        if report.skipped and isinstance(report.longrepr, tuple):
-            verdict["reason"] = report.longrepr[2]
-        path = report_path(item.config._tmp_path_factory.getbasetemp())
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as stream:
-            stream.write(json.dumps(verdict) + "\n")
+    reports.record_verdict(report_path(item.config._tmp_path_factory.getbasetemp()), item.nodeid, report)
     return report
