@@ -6,11 +6,10 @@ python tools/e2e_table.py .e2e/report.jsonl --seconds 1234 --load "3.1 -> 7.2" -
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from fault_table import machine, revision
+from fault_table import machine, read_inputs, revision
 
 HEADER = """\
 # End to end: the chart's pods, run
@@ -129,12 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--findings", default="", help="a markdown file appended after the tables")
     parser.add_argument("--revision", default="", help="the commit the run tested (default: the checkout's now)")
     args = parser.parse_args(argv)
-    path = Path(args.report)
-    if not path.exists():
-        print(f"e2e_table: {path}: no report (did the e2e run?)", file=sys.stderr)
+    inputs = read_inputs("e2e_table", args.report, args.findings)
+    if inputs is None:
         return 2
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    findings = Path(args.findings).read_text() if args.findings and Path(args.findings).exists() else ""
+    records, findings = inputs
     Path(args.out).write_text(render(records, args.seconds, args.load, args.command, findings, args.revision))
     print(f"wrote {args.out}: {sum('launcher' in r for r in records)} rows")
     return 0

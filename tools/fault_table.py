@@ -134,6 +134,16 @@ def render(records: list[dict], seconds: float | None, command: str, findings: s
     return "\n".join(lines) + "\n"
 
 
+def read_inputs(tool: str, report: str, findings: str) -> tuple[list[dict], str] | None:
+    """A report's records and the findings text to append (empty without one); None, saying so, without a report."""
+    path = Path(report)
+    if not path.exists():
+        print(f"{tool}: {path}: no report (did the run happen?)", file=sys.stderr)
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return records, Path(findings).read_text() if findings and Path(findings).exists() else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Read the report, write the markdown."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -144,12 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--findings", default="", help="a markdown file appended after the table (open failures)")
     parser.add_argument("--revision", default="", help="the commit the suite ran (default: the checkout's now)")
     args = parser.parse_args(argv)
-    path = Path(args.report)
-    if not path.exists():
-        print(f"fault_table: {path}: no report (did the fault suite run?)", file=sys.stderr)
+    inputs = read_inputs("fault_table", args.report, args.findings)
+    if inputs is None:
         return 2
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    findings = Path(args.findings).read_text() if args.findings and Path(args.findings).exists() else ""
+    records, findings = inputs
     Path(args.out).write_text(render(records, args.seconds, args.command, findings, args.revision))
     print(f"wrote {args.out}: {sum('fault' in r for r in records)} rows")
     return 0
