@@ -20,16 +20,17 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench clean build push shell docker-run
+.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench docs clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite (without the slow fault tests and the launcher runs)"
-	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into RELIABILITY.md, and every mid-epoch resume case"
+	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into docs/reliability.md, and every mid-epoch resume case"
 	@echo "make launchers - SSH, Slurm (local sshd x2, local 2-node Slurm), Ray (a worker killed mid-run) and Lightning end to end"
-	@echo "make e2e    - the chart's rendered pods run with podman (every launcher, nginx and bucket, resume, a pod killed) into E2E.md"
+	@echo "make e2e    - the chart's rendered pods run with podman (every launcher, nginx and bucket, resume, a pod killed) into docs/e2e.md"
 	@echo "make lint   - ruff"
-	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into BENCHMARKS.md"
+	@echo "make docs   - the documentation site (MkDocs, strict) into site/"
+	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into docs/benchmarks.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
 	@echo "make build push [REGISTRY=.. IMAGE=.. TAG=..] - build and push the training image"
 	@echo "make shell / make docker-run - a shell in the image / the 2-GPU job in a container"
@@ -88,17 +89,17 @@ demo: venv system-deps
 test: venv system-deps image-deps k8s-tools
 	$(BIN)/python -m pytest -q -m "not slow and not launchers and not e2e"
 
-# The whole fault suite (tests/faults, slow ones included), then RELIABILITY.md from its report.
+# The whole fault suite (tests/faults, slow ones included), then docs/reliability.md from its report.
 # Needs root for the tmpfs and network-namespace faults (they skip, saying so, otherwise).
 FAULTS_REPORT ?= $(CURDIR)/.faults/report.jsonl
 faults: venv system-deps
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
 	rev=$$(git describe --always --dirty); start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
-	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --revision "$$rev" --findings tests/faults/findings.md --out RELIABILITY.md; \
+	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --revision "$$rev" --findings tests/faults/findings.md --out docs/reliability.md; \
 	  $(BIN)/python -m pytest -q -m slow tests/test_resume.py || status=1; \
 	  exit $$status
 
-# Training for real over two local sshd and on a local two-node Slurm (see README: Over SSH, On Slurm).
+# Training for real over two local sshd and on a local two-node Slurm (see docs/ssh.md and docs/slurm.md).
 # The slow end-to-end launcher tests (marked `launchers`, left out of `make test`): two local sshd, a local
 # two-node Slurm, a local Ray cluster training 2 workers with one killed mid-run, and Lightning DDP
 # training the digits to the demo's accuracy.
@@ -108,7 +109,7 @@ launchers: venv system-deps launcher-deps
 # The chart's rendered pods run with podman, the harness playing the kubelet and the controllers (tests/e2e):
 # the shard server, its fill and `helm test`; each launcher (PyTorchJob, Indexed Job, JobSet, TrainJob) training
 # from nginx and from the bucket, then resuming from the bucket; a pod killed or evicted mid-run under each
-# launcher's failure semantics. Then E2E.md from the report. Needs root (rootful podman, its own bridge network).
+# launcher's failure semantics. Then docs/e2e.md from the report. Needs root (rootful podman, its own bridge network).
 # Wall time: 33 min measured on the shared 2-core machine (load average 2-7 from other jobs).
 E2E_REPORT ?= $(CURDIR)/.e2e/report.jsonl
 e2e: venv image-deps
@@ -116,7 +117,7 @@ e2e: venv image-deps
 	load=$$(cut -d' ' -f1-3 /proc/loadavg); rev=$$(git describe --always --dirty); start=$$(date +%s); \
 	  E2E_REPORT=$(E2E_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.e2e/tmp tests/e2e; status=$$?; \
 	  $(BIN)/python tools/e2e_table.py $(E2E_REPORT) --seconds $$(( $$(date +%s) - start )) --revision "$$rev" --findings tests/e2e/findings.md \
-	    --load "$$load at the start, $$(cut -d' ' -f1-3 /proc/loadavg) at the end (1, 5, 15 min)" --out E2E.md; \
+	    --load "$$load at the start, $$(cut -d' ' -f1-3 /proc/loadavg) at the end (1, 5, 15 min)" --out docs/e2e.md; \
 	  exit $$status
 
 image-test: venv system-deps image-deps k8s-tools
@@ -138,13 +139,18 @@ docker-run:
 	$(CONTAINER) run --rm --gpus $(GPUS) --ipc=host -v $(SHARDS):/shards:ro -v $(RESULTS):/results $(IMAGE_REF) \
 	  launch --nproc-per-node $(GPUS) -- train --shards /shards --run-dir /results/$(TAG) $(ARGS)
 
-# P1-P5 side by side on this machine into BENCHMARKS.md (P6 needs a GPU: see bench/gpu.py).
+# P1-P5 side by side on this machine into docs/benchmarks.md (P6 needs a GPU: see bench/gpu.py).
 bench: venv system-deps
-	$(BIN)/python bench/report.py --workdir bench/.work --out BENCHMARKS.md
+	$(BIN)/python bench/report.py --workdir bench/.work --out docs/benchmarks.md
+
+# The MkDocs site from docs/ (mkdocs.yml); --strict turns a broken link or anchor into a failure.
+# tests/test_docs.py runs the same build in `make test`.
+docs: venv
+	$(BIN)/mkdocs build --strict -d site
 
 lint: venv
 	$(BIN)/ruff check app tests tools bench examples
 	$(BIN)/ruff format --check app tests tools bench examples
 
 clean:
-	rm -rf demo runs .pytest_cache .faults .e2e
+	rm -rf demo runs site .pytest_cache .faults .e2e

@@ -1,7 +1,7 @@
-"""`make bench`: run P1-P5 side by side on this machine and write BENCHMARKS.md (P6 runs only with a GPU).
+"""`make bench`: run P1-P5 side by side on this machine and write docs/benchmarks.md (P6 runs only with a GPU).
 
-python bench/report.py [--images 2600] [--workdir bench/.work] [--out BENCHMARKS.md]
-python bench/report.py --only P1_P2 epochs   # re-measure those sections; the rest of BENCHMARKS.md stays
+python bench/report.py [--images 2600] [--workdir bench/.work] [--out docs/benchmarks.md]
+python bench/report.py --only P1_P2 epochs   # re-measure those sections; the rest of docs/benchmarks.md stays
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from imagenet_train.datasets.convert import ShardOptions  # noqa: E402
 from imagenet_train.datasets.convert import convert as make_shards  # noqa: E402
 
 SECTIONS = ("P1_P2", "P3", "P4", "P5", "decode_parts", "epochs")
-# What each section owns in BENCHMARKS.md: its table rows (by their first cell) and its own heading.
+# What each section owns in docs/benchmarks.md: its table rows (by their first cell) and its own heading.
 ROW_LABELS = {"P1_P2": ("P1", "P2"), "P3": ("P3",), "P4": ("P4",), "P5": ("P5",)}
 HEADINGS = {
     "epochs": "## Epoch boundary",
@@ -56,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=2600, help="ImageNet-like JPEGs to generate")
     parser.add_argument("--workdir", default="bench/.work")
-    parser.add_argument("--out", default="BENCHMARKS.md")
+    parser.add_argument("--out", default="docs/benchmarks.md")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved loader runs; the best counts")
     parser.add_argument("--before", default=epochs.BEFORE, help="git ref of the 'before' code for the epochs section")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="loader workers (default: cores)")
@@ -399,7 +399,7 @@ def section_blocks(r: dict) -> dict[str, list[str]]:
 
 
 def render(r: dict, args) -> str:
-    """The whole of BENCHMARKS.md from a run of every section."""
+    """The whole of docs/benchmarks.md from a run of every section."""
     rows, blocks = section_rows(r), section_blocks(r)
     today = datetime.date.today().isoformat()
     lines = [
@@ -425,7 +425,7 @@ def render(r: dict, args) -> str:
 
 
 def update(old: str, r: dict, args) -> str:
-    """`old` BENCHMARKS.md with the rows and blocks of the sections in `r` replaced, and a line saying what was
+    """`old` docs/benchmarks.md with the rows and blocks of the sections in `r` replaced, and a line saying what was
     re-measured when; everything else (P6 included) is kept as it was."""
     rows, blocks = section_rows(r), section_blocks(r)
     owner = {f"| {label} |": name for name, labels in ROW_LABELS.items() if name in rows for label in labels}

@@ -1,6 +1,6 @@
-"""Render the end-to-end run's report (JSON lines written by tests/e2e) as E2E.md.
+"""Render the end-to-end run's report (JSON lines written by tests/e2e) as docs/e2e.md.
 
-python tools/e2e_table.py .e2e/report.jsonl --seconds 1234 --load "3.1 -> 7.2" --out E2E.md
+python tools/e2e_table.py .e2e/report.jsonl --seconds 1234 --load "3.1 -> 7.2" --out docs/e2e.md
 """
 
 from __future__ import annotations
@@ -16,19 +16,19 @@ HEADER = """\
 
 No Kubernetes API server can run on the machines these tests run on, so the harness runs what one would run.
 It takes the objects `tools/render.py` renders (identical to `helm template`'s, tests/test_chart.py) and plays
-the rest of the cluster with podman ([tests/e2e/](tests/e2e/)):
+the rest of the cluster with podman (`tests/e2e/`):
 
-- **kubelet** ([kubelet.py](tests/e2e/kubelet.py)): each rendered pod spec becomes one `podman run`, field by
+- **kubelet** (`tests/e2e/kubelet.py`): each rendered pod spec becomes one `podman run`, field by
   field: the restricted security context (uid 10001 or 101, `--read-only` with no writable path but the
   declared volumes, `--cap-drop ALL`, no-new-privileges, the default seccomp profile, fsGroup), the volumes
   (ConfigMaps written from the rendered data and mounted read-only, emptyDirs, `/dev/shm` as a tmpfs of the
   rendered size, claims as podman volumes), memory limits, probes, the grace period, and restartPolicy (a
   container restarted in place with the kubelet's back-off). A field it does not understand fails the test.
-- **controllers** ([controllers.py](tests/e2e/controllers.py)): Deployment, Job (Indexed, podFailurePolicy,
+- **controllers** (`tests/e2e/controllers.py`): Deployment, Job (Indexed, podFailurePolicy,
   backoffLimit), JobSet (child Jobs, failurePolicy), Kubeflow Training Operator v1.9 (PyTorchJob: the pods,
   Services and variables it makes, ExitCode/OnFailure, backoffLimit, cleanPodPolicy) and Kubeflow Trainer
   v2.2 (TrainJob against its torch-distributed runtime: the JobSet it makes, runtimePatches merged, PET_*).
-- **cluster** ([cluster.py](tests/e2e/cluster.py)): a bridge network of its own, one IP per pod, DNS through
+- **cluster** (`tests/e2e/cluster.py`): a bridge network of its own, one IP per pod, DNS through
   `/etc/hosts` (headless Services, the operators' Services), ClusterIP Services forwarded to Ready pods by a
   proxy on the network's gateway; the bucket is gcp-storage-emulator on that gateway.
 - **images**: the training image built by `make build` on a stand-in CUDA base (Debian + CPU torch), and a
@@ -56,7 +56,7 @@ def wall(value) -> str:
 def render(
     records: list[dict], seconds: float | None, load: str, command: str, findings: str = "", revision_id: str = ""
 ) -> str:
-    """The whole E2E.md for a report's records."""
+    """The whole docs/e2e.md for a report's records."""
     rows = list({r["test"]: r for r in records if "launcher" in r}.values())
     results = {r["test"]: r for r in records if "result" in r}
     lines = [HEADER]
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     """Read the report, write the markdown."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", help="JSON lines written by tests/e2e (E2E_REPORT)")
-    parser.add_argument("--out", default="E2E.md", help="markdown file to write")
+    parser.add_argument("--out", default="docs/e2e.md", help="markdown file to write")
     parser.add_argument("--seconds", type=float, default=None, help="wall time of the whole run")
     parser.add_argument("--load", default="", help="load average before and after, e.g. '3.1 -> 7.2'")
     parser.add_argument("--command", default="make e2e", help="the command that produced the report")

@@ -1,6 +1,6 @@
-"""Render the fault suite's report (JSON lines written by tests/faults) as RELIABILITY.md's table.
+"""Render the fault suite's report (JSON lines written by tests/faults) as docs/reliability.md's table.
 
-python tools/fault_table.py .faults/report.jsonl --seconds 1234 --out RELIABILITY.md
+python tools/fault_table.py .faults/report.jsonl --seconds 1234 --out docs/reliability.md
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ Real faults against real parts, each scripted and bounded in time (pytest-timeou
 network namespace the test creates: a real nginx stopped and started again on the same port, damaged shards
 served by nginx, the GCS emulator stopped with its data kept on disk, signals to the launcher and to one rank
 of a 2-rank torchrun, a run directory on a small tmpfs, a slow and lossy veth link. The tests are in
-[tests/faults/](tests/faults/); the fault injectors in [tests/faults/injectors.py](tests/faults/injectors.py).
+`tests/faults/`; the fault injectors in `tests/faults/injectors.py`.
 
 Every run trains the digits demo shards with resnet18 at 32 px, batch 16 per rank, 2 ranks x 2 DataLoader
 workers, one epoch, a checkpoint every 4 steps (the mid-epoch moment each fault is injected at) and
@@ -93,7 +93,7 @@ def figure(value) -> str:
 
 
 def render(records: list[dict], seconds: float | None, command: str, findings: str = "", revision_id: str = "") -> str:
-    """The whole RELIABILITY.md for a report's records."""
+    """The whole docs/reliability.md for a report's records."""
     # A test run again (to measure it again) replaces its earlier row and verdict.
     rows = list({r["test"]: r for r in records if "fault" in r}.values())
     results = {r["test"]: r for r in records if "result" in r}
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     """Read the report, write the markdown."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", help="JSON lines written by the fault suite (FAULTS_REPORT)")
-    parser.add_argument("--out", default="RELIABILITY.md", help="markdown file to write")
+    parser.add_argument("--out", default="docs/reliability.md", help="markdown file to write")
     parser.add_argument("--seconds", type=float, default=None, help="wall time of the whole suite")
     parser.add_argument("--command", default="make faults", help="the command that produced the report")
     parser.add_argument("--findings", default="", help="a markdown file appended after the table (open failures)")

@@ -79,7 +79,7 @@ def releases(cluster, emulator, tmp_path_factory):
 
 @pytest.fixture
 def record(request, tmp_path_factory) -> Callable[[Row], None]:
-    """Append this test's row(s) to the e2e report (JSON lines) that tools/e2e_table.py makes E2E.md from."""
+    """Append this test's row(s) to the e2e report (JSON lines) that tools/e2e_table.py makes docs/e2e.md from."""
     return reports.recorder(report_path(tmp_path_factory.getbasetemp()), request.node.nodeid)
 
 

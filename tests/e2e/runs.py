@@ -82,7 +82,7 @@ def bucket_metrics(run: str) -> list[dict]:
 
 @dataclass
 class Row:
-    """One line of E2E.md: a launcher and shard source run end to end (or a fault), and what came of it."""
+    """One line of docs/e2e.md: a launcher and shard source run end to end (or a fault), and what came of it."""
 
     launcher: str
     source: str

@@ -1,6 +1,6 @@
 """The chart's pods run for real: the shard server and its fill, `helm test`, each launcher's training run from
 nginx and from the bucket and its resume from the bucket, and a pod killed mid-run under each launcher's
-rendered failure semantics. Every run writes a row of the e2e report, which tools/e2e_table.py makes E2E.md of.
+rendered failure semantics. Every run writes a row of the e2e report, which tools/e2e_table.py makes docs/e2e.md of.
 """
 
 from __future__ import annotations

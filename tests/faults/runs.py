@@ -187,7 +187,7 @@ def account_resampled(counts: Counter, nominal_samples: int) -> Accounting:
 
 @dataclass
 class Row:
-    """One line of RELIABILITY.md's table."""
+    """One line of docs/reliability.md's table."""
 
     fault: str
     mode: str
