@@ -1,4 +1,4 @@
-"""One declaration per setting: `train --config FILE`, the generated chart schema and flag reference, and
+"""One declaration per setting: `train --config FILE`, the generated chart schema and settings page, and
 settings passed as flags where no file can be mounted (NGC)."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_global_batch_size_derives_each_ranks_batch_or_names_the_world_it_does_n
     assert config_of("--shards", "x").for_world(5).data.batch_size == 256
 
 
-def test_the_chart_schema_and_the_readme_reference_are_generated_from_the_declarations():
+def test_the_chart_schema_and_the_docs_settings_table_are_generated_from_the_declarations():
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "generate.py"), "--check"], capture_output=True, text=True
     )
@@ -109,6 +109,19 @@ def test_a_stale_schema_is_reported(tmp_path, monkeypatch):
     copy.write_text(json.dumps(stale))
     monkeypatch.setattr(schema, "SCHEMA", copy)
     assert schema.chart_schema_text() != copy.read_text()
+
+
+@pytest.mark.unit
+def test_a_stale_settings_page_is_reported_and_regenerated_with_every_setting(tmp_path, monkeypatch):
+    from chartkit import schema
+
+    page = tmp_path / "settings.md"
+    current = schema.SETTINGS_PAGE.read_text()
+    page.write_text("\n".join(line for line in current.splitlines() if "`--lr`" not in line) + "\n")
+    monkeypatch.setattr(schema, "SETTINGS_PAGE", page)
+    regenerated = schema.settings_page_text()
+    assert regenerated != page.read_text() and regenerated == current
+    assert all(f"`{name}`" in regenerated for name in defaults())
 
 
 @pytest.mark.unit
