@@ -696,7 +696,7 @@ def test_gpu_cluster_settings_reach_every_launchers_pods_in_helm_and_render_py(t
                 kubernetes_validate.validate(obj, VALIDATE_VERSIONS[-1], strict=True)
 
 
-def test_notes_and_readme_state_version_requirements_and_upgrade_behaviour(tmp_path):
+def test_notes_and_docs_state_version_requirements_and_upgrade_behaviour(tmp_path):
     notes = {}
     for launcher in LAUNCHERS:
         path = tmp_path / f"{launcher}.yaml"
@@ -711,8 +711,8 @@ def test_notes_and_readme_state_version_requirements_and_upgrade_behaviour(tmp_p
     assert "Kubeflow Trainer v2.2" in notes["trainjob"]
     for launcher in ("indexedjob", "jobset", "trainjob"):
         assert "helm upgrade cannot change" in notes[launcher]
-    readme = (ROOT / "README.md").read_text()
-    assert "Kubeflow Trainer v2.2" in readme and "helm upgrade cannot change" in readme
+    page = (ROOT / "docs" / "kubernetes.md").read_text()
+    assert "Kubeflow Trainer v2.2" in page and "helm upgrade cannot change" in page
 
 
 def test_the_tests_read_nothing_outside_the_repository():
