@@ -16,7 +16,8 @@ import yaml
 
 from chartkit.render import render
 
-ROOT = Path(__file__).resolve().parents[2]
+from conftest import REPO as ROOT
+
 CHART = ROOT / "helm" / "imagenet-train"
 TOOLS = ROOT / ".tools" / "bin"
 HOSTILE = "x\nhostPID: true"
