@@ -4,15 +4,20 @@ password never appears on a command line (`ps` on either machine) or in what the
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from test_ssh_launch import _tagged, two_hosts  # noqa: F401 (two_hosts: the real-sshd fixture)
 
 from imagenet_train.launchers import ssh
 from imagenet_train.launchers.ssh import Host, SshOptions, forwarded_environment
+
+from conftest import REPO
 
 EXECUTABLE = str(Path(sys.executable).with_name("imagenet-train"))
 PROXY = "http://user:secret@proxy:3128"
@@ -135,3 +140,47 @@ def test_ssh_node_refuses_a_malformed_stdin_preamble():
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "--environment-on-stdin: expected a JSON object" in result.stderr
+
+
+@pytest.mark.launchers
+@pytest.mark.timeout(300)
+def test_over_real_ssh_the_proxy_password_reaches_the_command_but_no_argv(two_hosts, tmp_path):  # noqa: F811
+    """A real sshd on 127.0.0.1: ssh, sshd's session, the remote shell, ssh-node, launch, torchrun and the
+    command it runs (serve) all start without the password in argv; the command's environment has it."""
+    hosts, access = two_hosts
+    one_host = tmp_path / "one-host"
+    one_host.write_text(hosts.read_text().splitlines()[1] + "\n")
+    tag = f"IMAGENET_TRAIN_TEST_TAG={uuid.uuid4().hex}"
+    pid_file = tmp_path / "serve.pid"
+    command = [EXECUTABLE, "ssh", "--hosts", str(one_host), *access, "--nproc-per-node", "1"]
+    command += ["--remote-command", EXECUTABLE, "--env", f"PYTHONPATH={REPO / 'app'}", "--env", tag, "--"]
+    command += ["serve", str(tmp_path), "--port", "0", "--pid-file", str(pid_file)]
+    local = subprocess.Popen(
+        command, env={**os.environ, "HTTPS_PROXY": PROXY}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert local.poll() is None and time.monotonic() < deadline, local.stdout.read().decode()[-3000:]
+            time.sleep(0.2)
+        serve = int(pid_file.read_text())
+        assert f"HTTPS_PROXY={PROXY}".encode() in Path(f"/proc/{serve}/environ").read_bytes().split(b"\0")
+        leaks = [pid for pid in _pids() if b"secret" in _cmdline(pid)]
+        assert leaks == [], [_cmdline(pid) for pid in leaks]
+        assert _tagged(tag), "the host's processes carry the test's tag"
+    finally:
+        local.send_signal(signal.SIGTERM)  # stops the host: its ssh-node ends serve
+        output = local.communicate(timeout=120)[0].decode()
+    assert "secret" not in output
+    assert _tagged(tag) == []
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

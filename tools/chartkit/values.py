@@ -54,7 +54,7 @@ def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: dict) -> 
     import jsonschema
 
     if isinstance(instance, str) and not re.search(re.sub(r"(?<!\\)\$", r"\\Z", pattern), instance):
-        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+        yield jsonschema.ValidationError(f"{instance[:60]!r} does not match {pattern!r}")
 
 
 def schema_errors(values: dict, schema: dict) -> list[str]:
