@@ -4,6 +4,7 @@ password never appears on a command line (`ps` on either machine) or in what the
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -52,6 +53,20 @@ def test_a_newline_in_a_slurm_flag_is_one_line_error_and_no_script(tmp_path, mar
 def test_a_newline_in_the_command_after_the_dashes_is_refused_for_slurm(tmp_path):
     result = _cli("slurm", "--script", str(tmp_path / "j.sbatch"), "--", "train", "--arch", "x\nid")
     assert result.returncode == 2 and "the command after '--': control characters" in result.stderr
+
+
+def test_the_ngc_tail_command_keeps_a_result_dir_one_shell_word():
+    from chartkit.ngc import tail_command
+
+    argv = tail_command("42", "/results; touch MARKER")
+    assert shlex.split(argv[argv.index("--commandline") + 1]) == [
+        "tail",
+        "-n",
+        "+1",
+        "-f",
+        "/results; touch MARKER/joblog.log",
+    ]
+    assert tail_command("42")[4] == "tail -n +1 -f /results/joblog.log"  # the usual line is unchanged
 
 
 def _options(environment: dict[str, str]) -> SshOptions:
