@@ -81,6 +81,10 @@ def test_a_proxy_password_never_reaches_the_ssh_command_line():
         assert "NO_PROXY=localhost" in argv[-1]  # ordinary settings still go as before
     # What the host's ssh-node reads first on stdin: the variable itself, whole.
     assert ssh.stdin_preamble(_options(env)) == b'{"HTTPS_PROXY": "http://user:secret@proxy:3128"}\n'
+    # A secret by name is never picked from the environment; one a caller sets still stays off argv.
+    assert "AWS_SESSION_TOKEN" not in forwarded_environment({"AWS_SESSION_TOKEN": "t0k3n"}, [])
+    argv = ssh.ssh_command(_options({"AWS_SESSION_TOKEN": "t0k3n"}), 0)
+    assert "t0k3n" not in " ".join(argv) and b"t0k3n" in ssh.stdin_preamble(_options({"AWS_SESSION_TOKEN": "t0k3n"}))
 
 
 def test_dry_run_shows_the_proxy_with_its_password_redacted(tmp_path):

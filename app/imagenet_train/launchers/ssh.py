@@ -122,14 +122,18 @@ def _check(options: SshOptions) -> None:
         refuse_control(option, "--ssh-option")
     for word in options.program:
         refuse_control(word, "the command after '--'")
+    hidden = stdin_environment(options)
     for name, value in options.environment.items():
-        if not holds_secret(value):
+        if name not in hidden:
             refuse_control(value, f"environment variable {name}")
 
 
 def stdin_environment(options: SshOptions) -> dict[str, str]:
-    """The forwarded variables whose values hold a credential (a proxy URL's password): they go on stdin."""
-    return {k: v for k, v in options.environment.items() if holds_secret(v)}
+    """The forwarded variables whose values hold a credential (a proxy URL's password): they go on stdin.
+
+    forwarded_environment never picks a secret by name; one set here by a caller still stays off argv.
+    """
+    return {k: v for k, v in options.environment.items() if holds_secret(v) or is_secret(k)}
 
 
 def stdin_preamble(options: SshOptions) -> bytes:
