@@ -167,7 +167,8 @@ def submit(client: NGCClient, state: JobState, argv: list[str]) -> dict:
 
 def tail_command(job_id: str, result_dir: str = "/results") -> list[str]:
     """Follow a running job's log: NGC writes the job's output to joblog.log in its result mount."""
-    return ["ngc", "batch", "exec", "--commandline", f"tail -n +1 -f {result_dir}/joblog.log", job_id]
+    log = shlex.quote(f"{result_dir}/joblog.log")  # the job's shell reads this line
+    return ["ngc", "batch", "exec", "--commandline", f"tail -n +1 -f {log}", job_id]
 
 
 def list_command() -> list[str]:

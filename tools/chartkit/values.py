@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -45,13 +46,25 @@ def _field(path: Iterable[Any]) -> str:
     return text or "(top level)"
 
 
+def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: dict) -> Iterable[Any]:
+    """JSON Schema's `pattern` as Helm's Go engine reads it: `$` is the end of the text.
+
+    Python's `$` also matches before a final newline, so 'name\\n' would pass a pattern Helm refuses.
+    """
+    import jsonschema
+
+    if isinstance(instance, str) and not re.search(re.sub(r"(?<!\\)\$", r"\\Z", pattern), instance):
+        yield jsonschema.ValidationError(f"{instance[:60]!r} does not match {pattern!r}")
+
+
 def schema_errors(values: dict, schema: dict) -> list[str]:
     """Every schema violation as 'field: what was expected', most specific first."""
     try:
         import jsonschema
     except ImportError:  # pragma: no cover
         raise ImagenetTrainError("jsonschema is missing: pip install 'imagenet-train[deploy]'") from None
-    validator = jsonschema.Draft7Validator(schema)
+    strict = jsonschema.validators.extend(jsonschema.Draft7Validator, {"pattern": _ecma_pattern})
+    validator = strict(schema)
     messages = []
     for error in sorted(validator.iter_errors(values), key=lambda e: list(e.absolute_path)):
         deepest = jsonschema.exceptions.best_match([error]) if error.context else error

@@ -39,9 +39,8 @@ def cmd_ssh(args: argparse.Namespace) -> int:
         SshOptions,
         forwarded_environment,
         parse_hosts,
-        remote_command,
         run,
-        ssh_command,
+        shown_command,
     )
 
     options = SshOptions(
@@ -60,8 +59,7 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     )
     if args.dry_run:
         for rank in range(len(options.hosts)):
-            argv = ssh_command(options, rank)
-            print(" ".join(argv[:-1]) + " " + repr(remote_command(options, rank)))
+            print(shown_command(options, rank))
         return 0
     return run(options)
 
@@ -69,7 +67,7 @@ def cmd_ssh(args: argparse.Namespace) -> int:
 def cmd_ssh_node(args: argparse.Namespace) -> int:
     from imagenet_train.launchers.ssh_node import run
 
-    return run(_program(args.program), args.grace_period)
+    return run(_program(args.program), args.grace_period, args.environment_on_stdin)
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
@@ -142,6 +140,11 @@ def add_commands(commands, formatter) -> None:
     )
     node.add_argument(
         "--grace-period", type=number(float, 0, 7200), default=90, help="seconds between SIGTERM and SIGKILL"
+    )
+    node.add_argument(
+        "--environment-on-stdin",
+        action="store_true",
+        help="first read one JSON line of variables from stdin (credentials kept off the command line)",
     )
     node.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")
     node.set_defaults(func=cmd_ssh_node)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from imagenet_train.errors import RETRY_EXIT, ImagenetTrainError
+from imagenet_train.launchers.remote_words import refuse_control
 
 # A rendezvous port derived from the job id, so two jobs sharing a node do not collide; below Linux's
 # ephemeral range (32768-60999) so no outgoing connection holds it.
@@ -146,8 +147,26 @@ class BatchJob:
     extra: list[str] = field(default_factory=list)  # further #SBATCH options, e.g. --account=X
 
 
+def _check(job: BatchJob) -> None:
+    """Every value written into the script is one line: a newline would start a shell line of its own."""
+    for flag, value in (
+        ("--job-name", job.job_name),
+        ("--partition", job.partition),
+        ("--time", job.time),
+        ("--signal", job.signal),
+        ("--output", job.output),
+        ("--executable", job.executable),
+    ):
+        refuse_control(value, flag)
+    for option in job.extra:
+        refuse_control(option, "--sbatch-option")
+    for word in job.program:
+        refuse_control(word, "the command after '--'")
+
+
 def batch_script(job: BatchJob) -> str:
     """The sbatch script: #SBATCH options, then one `imagenet-train launch` per node under srun."""
+    _check(job)
     options = [
         f"--job-name={job.job_name}",
         f"--nodes={job.nodes}",
@@ -193,9 +212,10 @@ def batch_script(job: BatchJob) -> str:
 
 def write_script(job: BatchJob, path: str) -> Path:
     """Write the sbatch script (executable) and return its path."""
+    text = batch_script(job)  # checked before anything is written
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(batch_script(job))
+    target.write_text(text)
     target.chmod(0o755)
     return target
 

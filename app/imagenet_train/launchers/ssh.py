@@ -8,6 +8,7 @@ and the remote `imagenet-train ssh-node` then stops training (SIGTERM, SIGKILL a
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shlex
 import signal
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.storage import IO_ENVIRONMENT
+from imagenet_train.launchers.remote_words import holds_secret, redact, refuse_control
 
 HOST_LINE = re.compile(
     r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d+))?$"
@@ -104,10 +106,48 @@ class SshOptions:
     grace_period: float = 80  # launch's: the ranks' time to finish a step and checkpoint
 
 
+def _check(options: SshOptions) -> None:
+    """Every word that reaches ssh's argv or the remote shell is one line: a newline would start a command."""
+    for host in options.hosts:
+        refuse_control(host.name, "--hosts")
+        refuse_control(host.user, "--hosts")
+    for flag, value in (
+        ("--master-addr", options.master_addr),
+        ("--remote-command", options.remote_command),
+        ("--chdir", options.chdir),
+        ("--identity", options.identity),
+    ):
+        refuse_control(value, flag)
+    for option in options.ssh_options:
+        refuse_control(option, "--ssh-option")
+    for word in options.program:
+        refuse_control(word, "the command after '--'")
+    hidden = stdin_environment(options)
+    for name, value in options.environment.items():
+        if name not in hidden:
+            refuse_control(value, f"environment variable {name}")
+
+
+def stdin_environment(options: SshOptions) -> dict[str, str]:
+    """The forwarded variables whose values hold a credential (a proxy URL's password): they go on stdin.
+
+    forwarded_environment never picks a secret by name; one set here by a caller still stays off argv.
+    """
+    return {k: v for k, v in options.environment.items() if holds_secret(v) or is_secret(k)}
+
+
+def stdin_preamble(options: SshOptions) -> bytes:
+    """What a host's `ssh-node --environment-on-stdin` reads first: those variables, one JSON line."""
+    hidden = stdin_environment(options)
+    return (json.dumps(hidden, sort_keys=True) + "\n").encode() if hidden else b""
+
+
 def remote_command(options: SshOptions, rank: int) -> str:
     """The shell command line one host runs (its node rank and the rendezvous in the environment)."""
+    _check(options)
+    hidden = stdin_environment(options)
     env = {
-        **options.environment,
+        **{k: v for k, v in options.environment.items() if k not in hidden},
         "IMAGENET_TRAIN_NNODES": str(len(options.hosts)),
         "IMAGENET_TRAIN_NODE_RANK": str(rank),
         "IMAGENET_TRAIN_MASTER_ADDR": options.master_addr or options.hosts[0].name,
@@ -115,7 +155,8 @@ def remote_command(options: SshOptions, rank: int) -> str:
     }
     nproc = ["--nproc-per-node", options.nproc_per_node] if options.nproc_per_node else []
     # ssh-node waits a little longer than launch's own grace before it kills what is left.
-    node = ["ssh-node", "--grace-period", f"{options.grace_period + 10:g}", "--"]
+    node = ["ssh-node", "--grace-period", f"{options.grace_period + 10:g}"]
+    node += ["--environment-on-stdin", "--"] if hidden else ["--"]
     node += ["launch", "--grace-period", f"{options.grace_period:g}", *nproc, "--"]
     words = ["exec", "env", *(f"{k}={v}" for k, v in sorted(env.items()))]
     line = f"{shlex.join(words)} {options.remote_command} {shlex.join([*node, *options.program])}"
@@ -133,6 +174,16 @@ def ssh_command(options: SshOptions, rank: int) -> list[str]:
     for option in options.ssh_options:
         argv += ["-o", option]
     return [*argv, "--", host.name, remote_command(options, rank)]
+
+
+def shown_command(options: SshOptions, rank: int) -> str:
+    """One host's ssh command as logs and --dry-run show it: what goes on stdin with passwords as ***."""
+    argv = ssh_command(options, rank)
+    hidden = stdin_environment(options)
+    shown = " ".join(argv[:-1]) + " " + repr(argv[-1])
+    if hidden:
+        shown += " < stdin: " + " ".join(f"{k}={redact(v)}" for k, v in sorted(hidden.items()))
+    return shown
 
 
 class _Fleet:
@@ -154,6 +205,11 @@ class _Fleet:
                 start_new_session=True,  # Ctrl-C reaches this process only; it stops the hosts in order
             )
             self.processes.append(process)
+            preamble = stdin_preamble(options)
+            if preamble and process.stdin:  # before anything else: ssh-node reads it before it starts training
+                with contextlib.suppress(OSError):
+                    process.stdin.write(preamble)
+                    process.stdin.flush()
             prefix = f"{host.label:<{width}} | ".encode()
             for stream, target in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
                 relay = threading.Thread(target=self._relay, args=(stream, target, prefix), daemon=True)

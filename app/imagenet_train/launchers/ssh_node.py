@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import threading
 import time
 
 PR_SET_CHILD_SUBREAPER = 36
+PREAMBLE_LIMIT = 1 << 20  # the variables `imagenet-train ssh` sends first: a few URLs, never megabytes
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 
@@ -75,10 +78,37 @@ def clean_up(grace: float) -> None:
     _reap()
 
 
-def run(program: list[str], grace: float) -> int:
+def environment_from_stdin() -> dict[str, str]:
+    """The variables `imagenet-train ssh` sent on stdin (one JSON line), read byte by byte up to its newline.
+
+    Credentials (a proxy URL's password) come this way so that no `ps` on the host shows them.
+    """
+    from imagenet_train.errors import ImagenetTrainError
+
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte or len(line) > PREAMBLE_LIMIT:
+            raise ImagenetTrainError("ssh-node --environment-on-stdin: expected one JSON line of variables on stdin")
+        line += byte
+    try:
+        variables = json.loads(line)
+    except ValueError:
+        variables = None
+    if not isinstance(variables, dict) or not all(
+        isinstance(v, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k, v in variables.items()
+    ):
+        raise ImagenetTrainError("ssh-node --environment-on-stdin: expected a JSON object of NAME: text on stdin")
+    return variables
+
+
+def run(program: list[str], grace: float, environment_on_stdin: bool = False) -> int:
     """Run `imagenet-train PROGRAM...` until it ends or standard input closes; return its exit code."""
+    extra = environment_from_stdin() if environment_on_stdin else {}
     _become_subreaper()
-    child = subprocess.Popen([sys.executable, "-m", "imagenet_train.cli", *program], stdin=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "imagenet_train.cli", *program], stdin=subprocess.DEVNULL, env={**os.environ, **extra}
+    )
     session_over = threading.Event()
 
     def watch_stdin() -> None:

@@ -25,15 +25,15 @@ twins (tools/render.py); tests/test_chart.py proves both render the same objects
 {{- end }}
 
 {{- define "imagenet-train.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "imagenet-train.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "imagenet-train.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{- define "imagenet-train.labels" -}}
-helm.sh/chart: {{ include "imagenet-train.chart" . }}
+helm.sh/chart: {{ include "imagenet-train.chart" . | quote }}
 {{ include "imagenet-train.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 {{- end }}
 
 {{- define "imagenet-train.serviceAccountName" -}}
@@ -50,6 +50,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{- define "imagenet-train.queueLabel" -}}
 {{- with .Values.launcher.runPolicy.kueueQueue }}
-kueue.x-k8s.io/queue-name: {{ . }}
+kueue.x-k8s.io/queue-name: {{ . | quote }}
 {{- end }}
 {{- end }}

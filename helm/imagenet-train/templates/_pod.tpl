@@ -63,7 +63,7 @@ seccompProfile:
 {{- define "imagenet-train.volumes" -}}
 - name: config
   configMap:
-    name: {{ include "imagenet-train.fullname" . }}-config
+    name: {{ printf "%s-config" (include "imagenet-train.fullname" .) | quote }}
 - name: dshm
   emptyDir:
     medium: Memory
@@ -73,7 +73,7 @@ seccompProfile:
 - name: results
 {{- if .Values.results.existingClaim }}
   persistentVolumeClaim:
-    claimName: {{ .Values.results.existingClaim }}
+    claimName: {{ .Values.results.existingClaim | quote }}
 {{- else }}
   emptyDir: {}
 {{- end }}
@@ -85,7 +85,7 @@ seccompProfile:
 {{- if .Values.gcp.credentialsSecret }}
 - name: gcp-credentials
   secret:
-    secretName: {{ .Values.gcp.credentialsSecret }}
+    secretName: {{ .Values.gcp.credentialsSecret | quote }}
 {{- end }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
@@ -94,8 +94,8 @@ seccompProfile:
 
 {{/* Scheduling and identity fields of the training pod (every launcher but trainjob takes them whole). */}}
 {{- define "imagenet-train.podScheduling" -}}
-serviceAccountName: {{ include "imagenet-train.serviceAccountName" . }}
-terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
+serviceAccountName: {{ include "imagenet-train.serviceAccountName" . | quote }}
+terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds | int }}
 securityContext:
   {{- include "imagenet-train.podSecurityContext" . | nindent 2 }}
 {{- with .Values.imagePullSecrets }}
@@ -115,14 +115,14 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- with .Values.priorityClassName }}
-priorityClassName: {{ . }}
+priorityClassName: {{ . | quote }}
 {{- end }}
 {{- with .Values.topologySpreadConstraints }}
 topologySpreadConstraints:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- with .Values.schedulerName }}
-schedulerName: {{ . }}
+schedulerName: {{ . | quote }}
 {{- end }}
 {{- if .Values.hostNetwork }}
 hostNetwork: true
@@ -148,16 +148,16 @@ annotations:
 {{- define "imagenet-train.trainPodSpec" -}}
 {{- $root := .root }}
 {{- with .restartPolicy }}
-restartPolicy: {{ . }}
+restartPolicy: {{ . | quote }}
 {{- end }}
 {{- include "imagenet-train.podScheduling" $root | nindent 0 }}
 {{- with .subdomain }}
-subdomain: {{ . }}
+subdomain: {{ . | quote }}
 {{- end }}
 containers:
   - name: pytorch
-    image: {{ include "imagenet-train.image" $root }}
-    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    image: {{ include "imagenet-train.image" $root | quote }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy | quote }}
     args:
       {{- include "imagenet-train.args" $root | nindent 6 }}
     {{- with $root.Values.env }}
@@ -165,8 +165,8 @@ containers:
       {{- toYaml . | nindent 6 }}
     {{- end }}
     ports:
-      - name: {{ .portName }}
-        containerPort: {{ $root.Values.launcher.port }}
+      - name: {{ .portName | quote }}
+        containerPort: {{ $root.Values.launcher.port | int }}
         protocol: TCP
     resources:
       {{- toYaml $root.Values.resources | nindent 6 }}
