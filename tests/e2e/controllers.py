@@ -15,6 +15,8 @@ kubelet, restartPolicy), which replaces a pod or the whole set, and which fails 
 - TrainJob (trainer v2.2 torch plugin): PET_NNODES, PET_NPROC_PER_NODE ("auto" becomes the CPU request without
   GPUs), PET_NODE_RANK (fieldRef to the completion index), PET_MASTER_ADDR NAME-node-0-0.NAME, PET_MASTER_PORT
   29500; the runtime's JobSet with the TrainJob's trainer fields and the runtimePatches merged in.
+A custom resource is admitted first as a real API server with the operators installed admits it (its CRD's
+CEL rules and the operator's webhooks, tests/k8s_rules): what a real cluster refuses is Denied at creation.
 """
 
 from __future__ import annotations
