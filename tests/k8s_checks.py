@@ -1,5 +1,7 @@
 """Checks on rendered Kubernetes objects that no schema validator makes, and strict CRD schemas.
 
+The operators' admission webhooks and the CRDs' CEL rules are in k8s_rules/.
+
 Each function returns a list of problems (empty when fine), so a test can report all of them at once.
 """
 
@@ -24,6 +26,8 @@ CRD_FILES = {
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
     ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset.x-k8s.io_jobsets.yaml",
     ("ais.nvidia.com/v1beta1", "AIStore"): "ais.nvidia.com_aistores.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "trainer.kubeflow.org_trainingruntimes.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "trainer.kubeflow.org_clustertrainingruntimes.yaml",
 }
 
 
@@ -136,58 +140,6 @@ def pod_problems(obj: dict) -> list[str]:
     return problems
 
 
-def pytorchjob_webhook_problems(job: dict) -> list[str]:
-    """The training-operator admission webhook's rules (tests/crds/README.md)."""
-    problems = []
-    name, spec = job["metadata"]["name"], job["spec"]
-    if not DNS1035.match(name):
-        problems.append(f"name {name} is not a DNS-1035 label")
-    replicas = spec["pytorchReplicaSpecs"]
-    if set(replicas) - {"Master", "Worker"}:
-        problems.append(f"replica types {sorted(replicas)}: only Master and Worker")
-    for rtype, replica in replicas.items():
-        containers = replica["template"]["spec"]["containers"]
-        if any(not c.get("image") for c in containers):
-            problems.append(f"{rtype}: a container without image")
-        if "pytorch" not in [c["name"] for c in containers]:
-            problems.append(f"{rtype}: no container named pytorch")
-    if "Master" in replicas and replicas["Master"].get("replicas") != 1:
-        problems.append("Master replicas must be exactly 1")
-    if "Worker" in replicas and replicas["Worker"].get("replicas", 1) < 1:
-        problems.append("Worker replicas must be at least 1")
-    if "elasticPolicy" in spec:
-        if "Worker" not in replicas:
-            problems.append("elasticPolicy needs a Worker replica spec")
-        if "nProcPerNode" in spec["elasticPolicy"] and "nprocPerNode" in spec:
-            problems.append("elasticPolicy.nProcPerNode and nprocPerNode are both set")
-    return problems
-
-
-def aistore_webhook_problems(ais: dict) -> list[str]:
-    """The AIS operator's validating webhook rules (tests/crds/README.md) that its CRD schema cannot state."""
-    spec, problems = ais["spec"], []
-    sizes_given = "size" in spec.get("proxySpec", {}) and "size" in spec.get("targetSpec", {})
-    size = spec.get("size")
-    if not sizes_given and (size is None or size == 0 or size <= -2):
-        problems.append(f"spec.size {size}: should be at least 1 or -1 for autoscaling")
-    if size == -1 and not (
-        spec.get("proxySpec", {}).get("nodeSelector") and spec.get("targetSpec", {}).get("nodeSelector")
-    ):
-        problems.append("spec.size -1 (autoscaling) needs proxySpec and targetSpec nodeSelectors")
-    state = spec.get("stateStorage")
-    if state is not None:
-        if sum(mode in state for mode in ("hostPath", "pvc", "emptyDir")) != 1:
-            problems.append("spec.stateStorage must define exactly one of hostPath, pvc, or emptyDir")
-    elif "stateStorageClass" not in spec and "hostpathPrefix" not in spec:
-        problems.append("spec does not define stateStorage (hostPath, pvc or emptyDir)")
-    for daemon in ("proxySpec", "targetSpec"):
-        for port in ("servicePort", "portPublic", "portIntraControl", "portIntraData"):
-            value = spec.get(daemon, {}).get(port)
-            if value is not None and not (isinstance(value, int) and 1 <= value <= 65535):
-                problems.append(f"spec.{daemon}.{port} {value}: not a valid port number")
-    return problems
-
-
 def _strict(schema):
     """A CRD schema where unknown fields fail instead of being pruned silently by the API server."""
     if isinstance(schema, dict):
@@ -209,7 +161,7 @@ def crd_validator(api_version: str, kind: str):
     """A jsonschema validator for one custom resource version, from the published CRD (strict)."""
     import jsonschema
 
-    crd = yaml.safe_load((CRDS / CRD_FILES[(api_version, kind)]).read_text())
+    crd = yaml.load((CRDS / CRD_FILES[(api_version, kind)]).read_text(), Loader=yaml.CSafeLoader)
     version = api_version.split("/")[1]
     served = next(v for v in crd["spec"]["versions"] if v["name"] == version)
     schema = _strict(served["schema"]["openAPIV3Schema"])

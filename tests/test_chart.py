@@ -16,6 +16,8 @@ import k8s_checks
 import kubernetes_validate
 import pytest
 import yaml
+from chart_matrix import LAUNCHERS, MATRIX, RELEASE, SERVERS, entry_id, matrix_values, parse, render_py
+from k8s_rules import aistore, training_operator
 
 from chartkit.render import render
 from imagenet_train.errors import RETRY_EXIT
@@ -33,9 +35,6 @@ API_VERSIONS = [
     "jobset.x-k8s.io/v1alpha2/JobSet",
     "ais.nvidia.com/v1beta1/AIStore",
 ]
-LAUNCHERS = ["pytorchjob", "indexedjob", "trainjob", "jobset"]
-SERVERS = ["nginx", "aistore", "bucket"]
-RELEASE = "imagenet"
 DEPLOYMENT_FILE = "/etc/imagenet-train/deployment.yaml"
 
 
@@ -44,50 +43,6 @@ def tool(name: str) -> str:
     if not path.exists():
         pytest.fail(f"{path} is missing: run `make k8s-tools` (make test does)")
     return str(path)
-
-
-def matrix_values(launcher: str, server: str, nodes: int, elastic: bool) -> dict:
-    """One matrix entry; the entries also vary GPUs, fills, deploys and credentials so each path renders."""
-    values: dict = {"launcher": {"kind": launcher, "nodes": nodes}, "shards": {"server": server}}
-    if nodes == 1:  # CPU processes: no GPU in the limits (null deletes the default's key, as in Helm)
-        values["launcher"]["nprocPerNode"] = 2
-        values["resources"] = {"limits": {"nvidia.com/gpu": None}}
-    if nodes == 2:
-        values["train"] = {"global_batch_size": 1024, "lr": 0.4, "hflip": False}
-    if elastic:
-        values["launcher"]["elastic"] = {"enabled": True, "minNodes": 1, "maxNodes": max(2, nodes), "maxRestarts": 2}
-    if server == "bucket":
-        values["shards"]["bucket"] = {"url": "gs://acme-data/imagenet/shards"}
-        values["gcp"] = {"credentialsSecret": "gcp-key"}
-    if server == "aistore":
-        values["shards"]["aistore"] = {"deploy": True} if nodes > 1 else {"endpoint": "http://ais-proxy.ais.svc:51080"}
-    if server == "nginx" and nodes == 4:
-        values["shards"]["nginx"] = {"fill": {"enabled": True, "from": "gs://acme-data/imagenet/shards"}}
-        values["results"] = {"bucket": "gs://acme-runs/imagenet"}
-        values["cache"] = {"enabled": True}
-    return values
-
-
-MATRIX = [
-    (launcher, server, nodes, elastic)
-    for launcher, server, nodes, elastic in itertools.product(LAUNCHERS, SERVERS, [1, 2, 4], [False, True])
-    if not (launcher == "trainjob" and elastic)  # a negative case below
-]
-
-
-def entry_id(entry) -> str:
-    launcher, server, nodes, elastic = entry
-    return f"{launcher}-{server}-{nodes}n{'-elastic' if elastic else ''}"
-
-
-def parse(stream: str) -> dict[tuple[str, str], dict]:
-    objects = {}
-    for document in yaml.safe_load_all(stream):
-        if document:
-            key = (document["kind"], document["metadata"]["name"])
-            assert key not in objects, f"{key} rendered twice"
-            objects[key] = document
-    return objects
 
 
 def meaning(objects: dict[tuple[str, str], dict]) -> dict[tuple[str, str], dict]:
@@ -133,7 +88,7 @@ def rendered(tmp_path_factory) -> dict:
         assert result.returncode == 0, f"{entry_id(entry)} {binary} {version}: {result.stderr}"
         out[entry][f"{Path(binary).name}-{version}"] = parse(result.stdout)
     for entry in MATRIX:
-        out[entry]["render.py"] = parse(render([str(files[entry])], release=RELEASE))
+        out[entry]["render.py"] = render_py(entry)
     return out
 
 
@@ -221,7 +176,7 @@ def test_the_strict_crd_check_catches_a_misspelt_field(rendered):
 
 def test_pytorchjobs_pass_the_operator_webhook_rules(rendered):
     jobs = [o for o in unique_objects(rendered) if o["kind"] == "PyTorchJob"]
-    problems = [p for job in jobs for p in k8s_checks.pytorchjob_webhook_problems(job)]
+    problems = [p for job in jobs for p in training_operator.pytorchjob_problems(job)]
     assert not problems, problems
     single = rendered[("pytorchjob", "nginx", 1, False)]["render.py"][("PyTorchJob", f"{RELEASE}-imagenet-train")]
     assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"]
@@ -440,10 +395,20 @@ RULES = [
         {"launcher": {"nodes": 3, "elastic": {"enabled": True, "maxNodes": 2}}},
         "launcher.elastic: nodes=3 must lie between minNodes=1 and maxNodes=2",
     ),
+    # What an operator's webhook or the API server would refuse at apply time is refused before (k8s_rules/).
+    (
+        {"launcher": {"kind": "jobset", "nodes": 16}, "fullnameOverride": "a" * 50},
+        f"the JobSet webhook refuses '{'a' * 50}': JobSet name is too long, pod names generated for this JobSet "
+        "will exceed 63 characters",
+    ),
+    (
+        {"launcher": {"kind": "pytorchjob"}, "fullnameOverride": "1st-run"},
+        "the workload name '1st-run' is refused by the API server: a DNS-1035 label must consist",
+    ),
 ]
 
 
-@pytest.mark.parametrize("values,message", RULES, ids=[m.split(":")[0] for _, m in RULES])
+@pytest.mark.parametrize("values,message", RULES, ids=[m.split(":")[0][:40] for _, m in RULES])
 def test_cross_field_rules_give_one_message_in_render_py_and_in_the_pods_launch(tmp_path, values, message):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(values))
@@ -453,7 +418,7 @@ def test_cross_field_rules_give_one_message_in_render_py_and_in_the_pods_launch(
     assert script.returncode == 2 and script.stdout == "" and message in script.stderr, script.stderr
     helm = helm_template(tool("helm"), path, KUBE_VERSIONS[1])
     assert helm.returncode == 0, helm.stderr  # Helm cannot judge these; the pod's launch does, before torchrun
-    config = parse(helm.stdout)[("ConfigMap", f"{RELEASE}-imagenet-train-config")]
+    config = next(o for o in parse(helm.stdout).values() if "deployment.yaml" in o.get("data", {}))
     deployment = tmp_path / "deployment.yaml"
     deployment.write_text(config["data"]["deployment.yaml"])
     launch = subprocess.run(
@@ -597,16 +562,14 @@ def test_the_fill_job_runs_on_the_shard_servers_node_and_the_server_restarts_wit
 
 def test_a_deployed_aistore_passes_the_operators_webhook_rules(rendered):
     clusters = [o for o in unique_objects(rendered) if o["kind"] == "AIStore"]
-    assert clusters and all(not k8s_checks.aistore_webhook_problems(c) for c in clusters)
+    assert clusters and all(not aistore.aistore_problems(c) for c in clusters)
     assert clusters[0]["spec"]["stateStorage"] == {"hostPath": {"prefix": "/etc/ais"}}
     without = json.loads(json.dumps(clusters[0]))
     del without["spec"]["stateStorage"]
-    assert k8s_checks.aistore_webhook_problems(without) == [
-        "spec does not define stateStorage (hostPath, pvc or emptyDir)"
-    ]
+    assert aistore.aistore_problems(without) == ["spec does not define stateStorage (hostPath, pvc or emptyDir)"]
     both = json.loads(json.dumps(clusters[0]))
     both["spec"]["stateStorage"]["emptyDir"] = {}
-    assert k8s_checks.aistore_webhook_problems(both)
+    assert aistore.aistore_problems(both)
 
 
 def test_a_failure_in_a_static_run_restarts_or_ends_the_whole_world_never_one_pod(rendered):

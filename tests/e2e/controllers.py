@@ -15,6 +15,8 @@ kubelet, restartPolicy), which replaces a pod or the whole set, and which fails 
 - TrainJob (trainer v2.2 torch plugin): PET_NNODES, PET_NPROC_PER_NODE ("auto" becomes the CPU request without
   GPUs), PET_NODE_RANK (fieldRef to the completion index), PET_MASTER_ADDR NAME-node-0-0.NAME, PET_MASTER_PORT
   29500; the runtime's JobSet with the TrainJob's trainer fields and the runtimePatches merged in.
+A custom resource is admitted first as a real API server with the operators installed admits it (its CRD's
+CEL rules and the operator's webhooks, tests/k8s_rules): what a real cluster refuses is Denied at creation.
 """
 
 from __future__ import annotations
@@ -22,9 +24,25 @@ from __future__ import annotations
 import copy
 import time
 
+from k8s_rules import admission
+from k8s_rules.trainer import TORCH_DISTRIBUTED
+
 from .kubelet import BACKOFF_S, Pod, PodRequest, Refused, Unschedulable, known
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+
+class Denied(AssertionError):
+    """The API server refused the object (a CRD's CEL rule or an operator's admission webhook): it never ran."""
+
+
+def admitted(document: dict) -> dict:
+    """The custom resource as the API server with the operators installed stores it (their defaults filled in);
+    Denied, one line per refusal in the operator's words, where a real cluster refuses the create."""
+    result = admission.admit(document)
+    if result.problems:
+        raise Denied("\n".join(result.problems))
+    return result.obj
 
 
 class Outcome:
@@ -257,6 +275,7 @@ class JobSetController(Controller):
     """A JobSet: child Indexed Jobs; a failed Job restarts the whole set (failurePolicy.maxRestarts) or fails it."""
 
     def __init__(self, cluster, document: dict):
+        admitted(document)  # the webhook's defaults are played below, as each one is read
         super().__init__(cluster, document)
         spec = known(
             document["spec"],
@@ -337,6 +356,7 @@ class PyTorchJobController(Controller):
     """PyTorchJob: Master/Worker pods with the operator's variables; ExitCode, OnFailure and cleanPodPolicy."""
 
     def __init__(self, cluster, document: dict):
+        admitted(document)
         super().__init__(cluster, document)
         spec = known(
             document["spec"],
@@ -467,30 +487,6 @@ class PyTorchJobController(Controller):
 
 # -- Kubeflow Trainer v2.2: TrainJob against the torch-distributed ClusterTrainingRuntime ------------------------
 # The runtime as Kubeflow Trainer v2.2 ships it (manifests/base/runtimes/torch_distributed.yaml).
-TORCH_DISTRIBUTED = {
-    "mlPolicy": {"numNodes": 1, "torch": {}},
-    "template": {
-        "spec": {
-            "replicatedJobs": [
-                {
-                    "name": "node",
-                    "template": {
-                        "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                        "spec": {
-                            "template": {
-                                "spec": {
-                                    "containers": [
-                                        {"name": "node", "image": "pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime"}
-                                    ]
-                                }
-                            }
-                        },
-                    },
-                }
-            ]
-        }
-    },
-}
 TRAINER_PORT = 29500
 MERGE_KEYS = {
     "containers": "name",
@@ -521,7 +517,8 @@ def strategic_merge(base, patch, key: str = ""):
 
 
 def trainjob_to_jobset(document: dict) -> dict:
-    """The JobSet Kubeflow Trainer makes of a TrainJob on the torch-distributed runtime."""
+    """The JobSet Kubeflow Trainer makes of a TrainJob on the torch-distributed runtime (after admitting it)."""
+    admitted(document)
     name = document["metadata"]["name"]
     spec = known(
         document["spec"], f"TrainJob {name}.spec", {"runtimeRef", "trainer", "runtimePatches", "activeDeadlineSeconds"}
@@ -572,4 +569,4 @@ def trainjob_to_jobset(document: dict) -> dict:
         {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)},
     ]
     container["ports"] = [*container.get("ports", []), {"containerPort": TRAINER_PORT}]
-    return {"kind": "JobSet", "metadata": {"name": name}, "spec": jobset}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name}, "spec": jobset}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.launchers.deployment import admission_problems
 
 from . import CHART_DIR, TEMPLATES
 from .values import load_values, load_yaml
@@ -113,6 +114,9 @@ def render(
     values = _loose(load_values(files, chart_dir))
     chart = load_yaml(chart_dir / "Chart.yaml")
     context = {"Values": values, "h": helpers(values, chart, release, chart_dir)}
+    refused = admission_problems(values, context["h"]["fullname"])  # needs the release: not in load_values
+    if refused:
+        raise ImagenetTrainError(refused[0])
     env = _environment(templates)
     documents = []
     for name in sorted(env.list_templates(filter_func=lambda n: n.endswith(".yaml.j2"))):

@@ -11,6 +11,7 @@ cross-field rules that JSON Schema cannot state; launch, tools/render.py and too
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -165,10 +166,53 @@ def plan(document: Mapping[str, Any]) -> Deployment:
     )
 
 
-def problems(values: Mapping[str, Any]) -> list[str]:
-    """The chart's cross-field rules that JSON Schema cannot state, as one-line messages naming the value."""
+# Kubeflow Trainer v2.3's torch plugin sets these in the trainer container; its webhook refuses a TrainJob whose
+# spec.trainer.env names one (pkg/runtime/framework/plugins/torch/torch.go Validate).
+TRAINER_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def admission_problems(values: Mapping[str, Any], name: str) -> list[str]:
+    """What the API server or an operator's admission webhook would refuse in the objects named `name`.
+
+    The workload's name is a DNS-1035 label for every launcher (PyTorchJob webhook, TrainJob CEL rule, JobSet
+    webhook, a Service); JobSet's webhook (also on the JobSet a TrainJob becomes) refuses a name whose
+    longest pod name, NAME-node-0-INDEX plus a 6-character suffix, passes 63 characters.
+    """
+    launcher, errors = values["launcher"], []
+    where = "fullnameOverride" if values.get("fullnameOverride") else "the release name or fullnameOverride"
+    if not DNS1035.fullmatch(name):
+        errors.append(
+            f"{where}: the workload name {name[:80]!r} is refused by the API server: a DNS-1035 label must consist "
+            "of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an "
+            "alphanumeric character"
+        )
+    pod = f"{name}-node-0-{int(launcher['nodes']) - 1}-abcde"
+    if launcher["kind"] in ("jobset", "trainjob") and len(pod) > 63:
+        errors.append(
+            f"{where}: the JobSet webhook refuses {name[:80]!r}: JobSet name is too long, pod names generated for "
+            f"this JobSet will exceed 63 characters ({len(pod)} in the last pod's)"
+        )
+    if launcher["kind"] == "trainjob":
+        reserved = sorted({str(e.get("name")) for e in values.get("env") or []} & set(TRAINER_RESERVED_ENV))
+        if reserved:
+            errors.append(
+                f"env: the Trainer webhook refuses the TrainJob: spec.trainer.env must not have reserved envs, "
+                f"invalid envs configured: [{' '.join(reserved)}] (Kubeflow Trainer sets them)"
+            )
+    return errors
+
+
+def problems(values: Mapping[str, Any], name: str | None = None) -> list[str]:
+    """The chart's cross-field rules that JSON Schema cannot state, as one-line messages naming the value.
+
+    With the workload's name (deployment.yaml carries it; render.py passes it) the admission rules too.
+    """
     launcher = values["launcher"]
     errors = []
+    name = name or values.get("name")
+    if name:
+        errors += admission_problems(values, str(name))
     gpus, procs = gpus_per_node(values), int(launcher["nprocPerNode"])
     if gpus and procs and procs != gpus:
         errors.append(
