@@ -3,7 +3,6 @@ run back for `train --resume latest --results gs://...` never write outside thei
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
