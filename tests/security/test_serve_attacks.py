@@ -65,8 +65,8 @@ def test_nginx_started_as_root_runs_no_worker_as_root(public_dir):
 
 @as_root
 def test_nginx_started_as_root_refuses_a_folder_its_workers_cannot_read(tmp_path):
-    private = tmp_path / "shards"  # under pytest's 0700 tree: nobody cannot enter it
-    private.mkdir()
+    private = tmp_path / "shards"
+    private.mkdir(mode=0o700)  # root's own: nobody may not read it
     command = [str(Path(sys.executable).with_name("imagenet-train")), "serve", str(private), "--port", "0"]
     serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
