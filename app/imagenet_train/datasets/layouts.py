@@ -14,6 +14,7 @@ from pathlib import Path
 from imagenet_train.errors import ImagenetTrainError
 
 log = logging.getLogger(__name__)
+
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
 KAGGLE_ROOT = Path("ILSVRC/Data/CLS-LOC")
