@@ -6,9 +6,11 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -74,6 +76,29 @@ def write_image_folder(root: Path, classes: dict[str, int], val: dict[str, int] 
                 (folder / name).write_bytes(data)
                 files[f"{split}/{wnid}/{name}"] = data
     return files
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own tmp_path set-up reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    """Run as root, `serve` hands nginx's workers to `nobody` (ops/serve.py), who cannot enter pytest's private
+    (0700) temp tree. Then this session's tree is a fresh one of its own that anyone may enter but not list,
+    and its test folders are readable, so a folder served by nginx is readable by its workers as on a normal
+    machine."""
+    if os.geteuid() != 0 or config.option.basetemp is not None:
+        return
+    top = Path(tempfile.mkdtemp(prefix="imagenet-train-tests-"))
+    top.chmod(0o711)
+    config.option.basetemp = str(top / "t")
+    config.add_cleanup(lambda: shutil.rmtree(top, ignore_errors=True))
+    private = pytest.TempPathFactory.mktemp
+
+    def enterable(self: pytest.TempPathFactory, basename: str, numbered: bool = True) -> Path:
+        path = private(self, basename, numbered)
+        self.getbasetemp().chmod(0o711)
+        path.chmod(0o755)
+        return path
+
+    pytest.TempPathFactory.mktemp = enterable
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from imagenet_train.settings import choice, number, text
 
@@ -27,7 +28,14 @@ def cmd_shards(args: argparse.Namespace) -> int:
         import tempfile
 
         output = args.staging or tempfile.mkdtemp(prefix="imagenet-train-shards-")
-    document = convert(args.source, output, options, val_labels=args.val_labels, progress=not args.quiet)
+    document = convert(
+        args.source,
+        output,
+        options,
+        val_labels=args.val_labels,
+        progress=not args.quiet,
+        follow_symlinks=args.follow_symlinks,
+    )
     if output != args.output:
         from imagenet_train.io.transfer import upload_tree
 
@@ -47,6 +55,11 @@ def cmd_shards(args: argparse.Namespace) -> int:
         print(f"skipped (not usable): {len(document['skipped'])}")
         for item in document["skipped"][: args.list]:
             print(f"  {item['source']}: {item['reason']}")
+    links = document["outside_links"]
+    if links:
+        print(f"symlinks leading out of {args.source}, not followed (--follow-symlinks reads them): {len(links)}")
+        for link in links[: args.list]:
+            print(f"  {link} -> {os.path.realpath(link)}")
     print(f"index: {args.output.rstrip('/')}/shards.json")
     return 0
 
@@ -106,6 +119,11 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     )
     shards.add_argument("--val-labels", default=None, help="LOC_val_solution.csv or '<file> <wnid>' lines")
     shards.add_argument("--list", type=count, default=20, help="skipped/re-encoded files to list")
+    shards.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="read images through symlinks that lead out of the source tree (by default they are skipped and listed)",
+    )
     shards.add_argument("--quiet", action="store_true", help="no progress bar")
     shards.set_defaults(func=cmd_shards)
 

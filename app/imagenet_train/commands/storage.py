@@ -8,15 +8,20 @@ from imagenet_train.commands import deployment_file
 from imagenet_train.settings import number, text
 
 
-def _transfer(copies, copy, args: argparse.Namespace, verb: str) -> int:
-    from imagenet_train.io.transfer import run
+def _transfer(copies, copy, args: argparse.Namespace, verb: str, url: str) -> int:
+    from imagenet_train.io.paths import shown
+    from imagenet_train.io.transfer import check_names, run
 
     todo = [c for c in copies if c.action == "copy"]
     size = sum(c.size for c in todo)
     if args.dry_run:
         for item in copies:
-            print(f"{item.action:4} {item.source} -> {item.target}")
-    else:
+            if item.action == "refuse":
+                print(f"refuse {shown(item.source, 200)}: {item.reason}")
+            else:
+                print(f"{item.action:4} {item.source} -> {item.target}")
+    check_names(url, copies)  # a bucket name that is not a plain path refuses the whole sync, dry run included
+    if not args.dry_run:
         run(copies, copy, args.workers, args.io_timeout)
     done = "would copy" if args.dry_run else verb
     kept = len(copies) - len(todo)
@@ -28,7 +33,8 @@ def cmd_upload(args: argparse.Namespace) -> int:
     from imagenet_train.io import gcs
     from imagenet_train.io.transfer import plan_upload
 
-    return _transfer(plan_upload(args.directory, args.url, args.io_timeout), gcs.upload, args, "uploaded and verified")
+    copies = plan_upload(args.directory, args.url, args.io_timeout)
+    return _transfer(copies, gcs.upload, args, "uploaded and verified", args.url)
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
@@ -36,7 +42,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
     from imagenet_train.io.transfer import plan_sync
 
     return _transfer(
-        plan_sync(args.url, args.directory, args.io_timeout), gcs.download, args, "downloaded and verified"
+        plan_sync(args.url, args.directory, args.io_timeout), gcs.download, args, "downloaded and verified", args.url
     )
 
 
@@ -47,7 +53,11 @@ def cmd_fill(args: argparse.Namespace) -> int:
     fill = deployment_file(args.deployment)["shards"]["nginx"]["fill"]
     args.workers, args.dry_run = int(fill["parallel"]), False
     return _transfer(
-        plan_sync(fill["from"], args.directory, args.io_timeout), gcs.download, args, "downloaded and verified"
+        plan_sync(fill["from"], args.directory, args.io_timeout),
+        gcs.download,
+        args,
+        "downloaded and verified",
+        fill["from"],
     )
 
 

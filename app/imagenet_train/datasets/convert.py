@@ -181,14 +181,19 @@ def build_index(dataset: Dataset, jobs: list[ShardJob], entries: dict[str, dict]
 
 
 def convert(
-    source: str, output: str, options: ShardOptions, val_labels: str | None = None, progress: bool = True
+    source: str,
+    output: str,
+    options: ShardOptions,
+    val_labels: str | None = None,
+    progress: bool = True,
+    follow_symlinks: bool = False,
 ) -> dict:
     """Convert the dataset at `source` into shards and `shards.json` in `output`; resumes finished work."""
     if options.maxcount < 1 or options.maxsize < 1 or options.workers < 1:
         raise ImagenetTrainError("--maxcount, --maxsize and --workers must be positive")
     if options.verify not in images.VERIFY:
         raise ImagenetTrainError(f"--verify: expected one of {', '.join(images.VERIFY)}, got '{options.verify}'")
-    dataset = discover(source, val_labels)
+    dataset = discover(source, val_labels, follow_symlinks)
     os.makedirs(output, exist_ok=True)
     class_index = {wnid: i for i, wnid in enumerate(dataset.classes)}
     jobs = plan_shards(dataset, options)
@@ -205,6 +210,7 @@ def convert(
     document = build_index(dataset, jobs, entries, options, complete=True)
     write_json_atomic(index_path, document)
     document["resumed_shards"] = len(jobs) - len(todo)
+    document["outside_links"] = dataset.outside_links
     return document
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import os
 import tarfile
 from collections import Counter
@@ -11,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from imagenet_train.errors import ImagenetTrainError
+
+log = logging.getLogger(__name__)
 
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
@@ -45,6 +48,32 @@ class Dataset:
     layout: str
     classes: list[str]
     splits: dict[str, list[SourceImage]] = field(default_factory=dict)
+    outside_links: list[str] = field(default_factory=list)  # symlinks not followed: they lead out of the source
+
+
+class _Tree:
+    """The source tree being walked: which of its symlinks lead out of it (skipped unless followed)."""
+
+    def __init__(self, root: Path, follow_symlinks: bool):
+        self.real = os.path.realpath(root)
+        self.follow = follow_symlinks
+        self.outside: list[str] = []
+
+    def inside(self, path: str | Path, is_link: bool = True) -> bool:
+        """Whether `path` may be read: not a symlink (or under one) resolving out of the tree; notes it if so."""
+        if self.follow or not is_link:
+            return True
+        real = os.path.realpath(path)
+        if real == self.real or real.startswith(self.real.rstrip(os.sep) + os.sep):
+            return True
+        self.outside.append(str(path))
+        return False
+
+    def files(self, folder: Path) -> list[Path]:
+        """The regular files directly in `folder` (a symlink leading out of the tree is left out, and noted)."""
+        with os.scandir(folder) as entries:  # d_type: no extra stat for plain files
+            found = [Path(e.path) for e in entries if e.is_file() and self.inside(e.path, e.is_symlink())]
+        return sorted(found)
 
 
 def _stem(name: str) -> str:
@@ -63,27 +92,31 @@ def _keyed(split: str, images: list[SourceImage]) -> list[SourceImage]:
     return renamed
 
 
-def _class_dirs(root: Path, what: str) -> list[Path]:
+def _class_dirs(root: Path, what: str, tree: _Tree) -> list[Path]:
     if not root.is_dir():
         raise ImagenetTrainError(f"{root}: {what} directory not found")
-    dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and tree.inside(p))
+    if not dirs and tree.outside:
+        raise ImagenetTrainError(
+            f"{root}: its class directories lead out of the source tree through symlinks "
+            f"(first: {tree.outside[0]}); pass --follow-symlinks to read them"
+        )
     if not dirs:
         raise ImagenetTrainError(f"{root}: no class directories in {what} (expected {root}/<wnid>/*.JPEG)")
     return dirs
 
 
-def _folder_images(class_dir: Path) -> list[SourceImage]:
+def _folder_images(class_dir: Path, tree: _Tree) -> list[SourceImage]:
     return [
         SourceImage(_stem(f.name), class_dir.name, str(f), size=f.stat().st_size, name=f.name)
-        for f in sorted(class_dir.iterdir())
-        if f.is_file()
+        for f in tree.files(class_dir)
     ]
 
 
-def _image_folder_split(root: Path, split: str, classes: list[str] | None) -> list[SourceImage]:
+def _image_folder_split(root: Path, split: str, classes: list[str] | None, tree: _Tree) -> list[SourceImage]:
     images: list[SourceImage] = []
-    for class_dir in _class_dirs(root, split):
-        found = _folder_images(class_dir)
+    for class_dir in _class_dirs(root, split, tree):
+        found = _folder_images(class_dir, tree)
         if not found and split == "train":
             raise ImagenetTrainError(f"{class_dir}: class directory is empty (expected images)")
         if classes is not None and class_dir.name not in classes:
@@ -218,14 +251,14 @@ def _default_val_labels(root: Path) -> Path | None:
     return None
 
 
-def _kaggle(root: Path, val_labels: Path | None) -> Dataset:
+def _kaggle(root: Path, val_labels: Path | None, tree: _Tree) -> Dataset:
     base = root / KAGGLE_ROOT
-    train = _image_folder_split(base / "train", "train", None)
+    train = _image_folder_split(base / "train", "train", None, tree)
     classes = sorted({i.wnid for i in train})
     splits = {"train": train}
     val_dir = base / "val"
-    if val_dir.is_dir():
-        files = sorted(f for f in val_dir.iterdir() if f.is_file())
+    if val_dir.is_dir() and tree.inside(val_dir):
+        files = tree.files(val_dir)
         val = [SourceImage(_stem(f.name), "", str(f), size=f.stat().st_size, name=f.name) for f in files]
         labels_path = val_labels or _default_val_labels(root)
         if labels_path is None:
@@ -234,41 +267,55 @@ def _kaggle(root: Path, val_labels: Path | None) -> Dataset:
     return Dataset("kaggle", classes, splits)
 
 
-def _image_folder(root: Path, val_labels: Path | None) -> Dataset:
-    train = _image_folder_split(root / "train", "train", None)
+def _image_folder(root: Path, val_labels: Path | None, tree: _Tree) -> Dataset:
+    train = _image_folder_split(root / "train", "train", None, tree)
     classes = sorted({i.wnid for i in train})
     splits = {"train": train}
-    if (root / "val").is_dir():
+    if (root / "val").is_dir() and tree.inside(root / "val"):
         val_root = root / "val"
         if any(p.is_dir() for p in val_root.iterdir()):
-            splits["val"] = _image_folder_split(val_root, "val", classes)
+            splits["val"] = _image_folder_split(val_root, "val", classes, tree)
         else:
             labels_path = val_labels or _default_val_labels(root)
             if labels_path is None:
                 raise ImagenetTrainError(f"{val_root}: flat validation images need --val-labels")
-            files = sorted(f for f in val_root.iterdir() if f.is_file())
+            files = tree.files(val_root)
             val = [SourceImage(_stem(f.name), "", str(f), size=f.stat().st_size, name=f.name) for f in files]
             splits["val"] = _apply_val_labels(val, read_val_labels(labels_path), classes, str(labels_path))
     return Dataset("imagefolder", classes, splits)
 
 
-def discover(root: str | Path, val_labels: str | Path | None = None) -> Dataset:
-    """Recognise the layout under `root` and list every image with its class, split and unique key."""
+def discover(root: str | Path, val_labels: str | Path | None = None, follow_symlinks: bool = False) -> Dataset:
+    """Recognise the layout under `root` and list every image with its class, split and unique key.
+
+    Symlinks that lead out of `root` are not followed (an image there is not part of this dataset, and a
+    shard must not carry a file from elsewhere on the machine); they are listed in `outside_links`.
+    """
     root = Path(root)
     labels = Path(val_labels) if val_labels else None
     if not root.exists():
         raise ImagenetTrainError(f"{root}: input directory does not exist")
     if not root.is_dir():
         raise ImagenetTrainError(f"{root}: expected a directory holding the dataset")
+    tree = _Tree(root, follow_symlinks)
     if (root / TRAIN_TAR).is_file():
-        dataset = _ilsvrc_tars(root, labels)
+        dataset = _ilsvrc_tars(root, labels)  # two files named by the layout, read in place: nothing to walk
     elif (root / KAGGLE_ROOT).is_dir():
-        dataset = _kaggle(root, labels)
+        dataset = _kaggle(root, labels, tree)
     elif (root / "train").is_dir():
-        dataset = _image_folder(root, labels)
+        dataset = _image_folder(root, labels, tree)
     else:
         raise ImagenetTrainError(
             f"{root}: no dataset found; expected train/<wnid>/*.JPEG, {KAGGLE_ROOT}/train/, or {TRAIN_TAR}"
         )
     dataset.splits = {split: _keyed(split, images) for split, images in dataset.splits.items()}
+    dataset.outside_links = tree.outside
+    if tree.outside:
+        first = ", ".join(tree.outside[:3])
+        log.warning(
+            "%d symlinks lead out of %s and were not followed (first: %s); --follow-symlinks reads them",
+            len(tree.outside),
+            root,
+            first,
+        )
     return dataset

@@ -1,5 +1,10 @@
 """`imagenet-train upload` and `sync`: directory ↔ gs:// prefix, in parallel, skipping what is already
-there with the same checksum, verifying every copy."""
+there with the same checksum, verifying every copy.
+
+A bucket's object names are input from whoever can write to it: `sync` (and `fill`, and fetching a run back
+for --resume) refuses the whole prefix, before copying anything, when any name is not a plain path under the
+destination (io/paths.py says which are).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from dataclasses import dataclass
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs
+from imagenet_train.io.paths import UnsafeName, confined, local_path, shown
 
 
 @dataclass(frozen=True)
@@ -17,7 +23,10 @@ class Copy:
     source: str
     target: str
     size: int
-    action: str  # "copy" or "skip"
+    action: str  # "copy", "skip", or "refuse": the object's name cannot be a path under `destination`
+    destination: str = ""  # downloads: the directory `target` must stay under
+    name: str = ""  # downloads: the object's name relative to the synced prefix
+    reason: str = ""  # why a name was refused
 
 
 def plan_upload(directory: str, url: str, io_timeout: float = 900.0) -> list[Copy]:
@@ -41,25 +50,51 @@ def plan_upload(directory: str, url: str, io_timeout: float = 900.0) -> list[Cop
 
 
 def plan_sync(url: str, directory: str, io_timeout: float = 900.0) -> list[Copy]:
-    """What `sync` would do: every object under the prefix, skipped where the local file matches."""
+    """What `sync` would do: every object under the prefix, skipped where the local file matches, refused
+    where its name is not a plain path under `directory` (see `check_names`)."""
     base = url.rstrip("/")
-    _, prefix = gcs.split(base + "/")
+    bucket, prefix = gcs.split(base + "/")
     objects = gcs.listing(base + "/", io_timeout)
     if not objects:
         raise ImagenetTrainError(f"{url}: no objects under this prefix")
     copies = []
     for info in objects:
         relative = info.name[len(prefix) :]
-        path = os.path.join(directory, *relative.split("/"))
+        folder = info.size == 0 and relative.endswith("/")  # a console "folder": no data, its name is checked
+        relative = relative[:-1] if folder else relative
+        if folder and not relative:
+            continue
+        source = f"gs://{bucket}/{info.name}"
+        try:
+            path = local_path(directory, relative)
+        except UnsafeName as why:
+            copies.append(Copy(source, "", info.size, "refuse", directory, relative, str(why)))
+            continue
+        if folder:
+            continue
         same = os.path.isfile(path) and os.path.getsize(path) == info.size and gcs.file_crc32c(path) == info.crc32c
-        copies.append(Copy(f"gs://{gcs.split(base)[0]}/{info.name}", path, info.size, "skip" if same else "copy"))
+        copies.append(Copy(source, path, info.size, "skip" if same else "copy", directory, relative))
     return copies
+
+
+def check_names(url: str, copies: list[Copy]) -> None:
+    """One error line for a plan with refused object names: how many, and the first with its reason."""
+    refused = [c for c in copies if c.action == "refuse"]
+    if refused:
+        first = refused[0]
+        raise ImagenetTrainError(
+            f"{url}: {len(refused)} object name(s) are not plain paths under {first.destination} "
+            f"(first: {shown(first.name)}, {first.reason}); nothing was copied"
+        )
 
 
 def run(
     copies: list[Copy], copy: Callable[[str, str, float], object], workers: int = 8, io_timeout: float = 900.0
 ) -> int:
-    """Carry out the copies in parallel; returns how many were copied."""
+    """Carry out the copies in parallel; returns how many were copied. A plan with refused names copies nothing."""
+    refused = next((c for c in copies if c.action == "refuse"), None)
+    if refused:
+        raise ImagenetTrainError(f"{shown(refused.source)}: {refused.reason}; nothing was copied")
     todo = [c for c in copies if c.action == "copy"]
     # Shard indexes go last: whoever polls for the index (the chart's init containers) must never see
     # one whose shards are still on their way.
@@ -67,7 +102,11 @@ def run(
     rest = [c for c in todo if not c.target.endswith(".json")]
 
     def one(item: Copy) -> None:
-        if copy is gcs.download:
+        if item.destination:
+            try:  # again, now: a symlink may have appeared in the destination since the plan was made
+                confined(item.destination, item.target)
+            except UnsafeName as why:
+                raise ImagenetTrainError(f"{item.source}: {why} ({item.target})") from None
             os.makedirs(os.path.dirname(item.target) or ".", exist_ok=True)
         copy(item.source, item.target, io_timeout)
 
@@ -78,8 +117,12 @@ def run(
 
 
 def upload_tree(directory: str, url: str, workers: int = 8, io_timeout: float = 900.0) -> int:
+    """Upload `directory` to `url` (see `plan_upload`); returns how many files were copied."""
     return run(plan_upload(directory, url, io_timeout), gcs.upload, workers, io_timeout)
 
 
 def sync_tree(url: str, directory: str, workers: int = 8, io_timeout: float = 900.0) -> int:
-    return run(plan_sync(url, directory, io_timeout), gcs.download, workers, io_timeout)
+    """Download `url` into `directory` (see `plan_sync`); returns how many files were copied."""
+    copies = plan_sync(url, directory, io_timeout)
+    check_names(url, copies)
+    return run(copies, gcs.download, workers, io_timeout)

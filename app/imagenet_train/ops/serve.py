@@ -1,4 +1,8 @@
-"""Serving a shard directory with a real nginx: own config, prefix, pid and logs in a private directory."""
+"""Serving a shard directory with a real nginx: own config, prefix, pid and logs in a private directory.
+
+Least privilege: nginx serves the shard folder and nothing else (the shared config refuses symlinks whose
+owner differs from their target's), and when started as root its workers run as `nobody`, never as root.
+"""
 
 from __future__ import annotations
 
@@ -41,6 +45,17 @@ http {{
 """
 
 
+# `nobody` owns no files, so a worker running as it reads only what every user may read. Not a distribution's
+# web user (www-data, nginx): other services on the host may share it and own files as it.
+WORKER_USER = "nobody"
+
+
+def _can_list(folder: Path, uid: int, gid: int) -> bool:
+    """Whether `uid` (with only group `gid`) may list `folder`, asked of the kernel by a child running as them."""
+    check = ["/bin/sh", "-c", 'test -r "$1" && test -x "$1"', "sh", str(folder)]
+    return subprocess.run(check, user=uid, group=gid, extra_groups=[], capture_output=True).returncode == 0
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as probe:
@@ -64,6 +79,7 @@ class NginxServer:
             raise ImagenetTrainError(f"{root}: shard directory does not exist")
         self.host, self.port, self.workers = host, port or free_port(host), workers
         self.access_log = access_log
+        self.user = self._user_directive()  # started as root: fails here, before anything is written
         self.state: Path | None = None
         self.process: subprocess.Popen | None = None
 
@@ -74,7 +90,7 @@ class NginxServer:
     def config_text(self, state: Path) -> str:
         tuning = resources.files("imagenet_train") / "nginx" / "nginx.conf"
         return MAIN_CONFIG.format(
-            user=self._user_directive(),
+            user=self.user,
             workers=self.workers,
             state=state,
             host=self.host,
@@ -85,12 +101,21 @@ class NginxServer:
         )
 
     def _user_directive(self) -> str:
-        # Started as root, nginx workers would drop to `nobody` and could not read a private
-        # directory: serve the files as the user who owns them instead.
+        # Not root: nginx cannot change user, its workers are this user. Root: its workers would stay root
+        # (able to read /etc/shadow through a link) unless told otherwise, so they become WORKER_USER.
         if os.geteuid() != 0:
             return ""
-        owner = self.root.stat()
-        return f"user {pwd.getpwuid(owner.st_uid).pw_name} {grp.getgrgid(owner.st_gid).gr_name};"
+        try:
+            user = pwd.getpwnam(WORKER_USER)
+        except KeyError:
+            raise ImagenetTrainError(f"nginx as root runs its workers as '{WORKER_USER}': no such user") from None
+        group = grp.getgrgid(user.pw_gid).gr_name
+        if not _can_list(self.root, user.pw_uid, user.pw_gid):
+            raise ImagenetTrainError(
+                f"{self.root}: nginx started as root serves as '{WORKER_USER}', who cannot read this folder; "
+                f"make it readable (chmod o+rx on it, o+x on its parents) or serve as its owner"
+            )
+        return f"user {WORKER_USER} {group};"
 
     def start(self, timeout: float = 10.0) -> NginxServer:
         self.state = Path(tempfile.mkdtemp(prefix="imagenet-train-nginx-"))
