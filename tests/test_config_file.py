@@ -13,7 +13,8 @@ import jsonschema
 import pytest
 import yaml
 
-from imagenet_train.cli import _config_from, build_parser
+from imagenet_train.cli import build_parser
+from imagenet_train.commands.train import _config_from
 from imagenet_train.config import Config, defaults
 from imagenet_train.launchers.deployment import OWNED, settings_flags
 

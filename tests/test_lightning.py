@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from imagenet_train.cli import train_config
+from imagenet_train.commands.train import train_config
 from imagenet_train.errors import ImagenetTrainError
 
 from conftest import REPO, jpeg_bytes

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from imagenet_train.planning import plan
-from imagenet_train.planning.position import Position, consumed_keys
+from imagenet_train.planning.position import Position
+from imagenet_train.training.key_log import consumed_keys
 
 from conftest import CHECKPOINTING_TRAIN, child_pids, read_metrics, torchrun
 

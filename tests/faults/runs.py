@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from imagenet_train.planning.position import Position, epoch_folder
+from imagenet_train.planning.position import Position
 from imagenet_train.training.checkpoint import latest
+from imagenet_train.training.key_log import epoch_folder
 
 from conftest import CHECKPOINTING_TRAIN, child_pids
 

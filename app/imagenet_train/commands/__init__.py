@@ -1,9 +1,22 @@
 """The CLI's commands by concern: their options, checks and hand-off to the modules that do the work.
-Each module's `add_commands` adds its subcommands to `imagenet-train` (cli.py)."""
+Each module's `add_commands` adds its subcommands to `imagenet-train` (cli.py); `Parser` gives them all
+the one-line error format."""
 
 from __future__ import annotations
 
+import argparse
 import os
+from typing import NoReturn
+
+from imagenet_train.errors import one_line
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's error format: one line naming the flag, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        message = message.removeprefix("argument ")
+        self.exit(2, f"imagenet-train: error: {one_line(message)}\n")
 
 
 def deployment_file(path: str) -> dict:

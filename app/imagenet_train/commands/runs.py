@@ -42,7 +42,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
             "`imagenet-train ray --workers 2 -- train --shards URL`"
         )
     options = RayOptions(args.address, args.workers, args.gpus, args.max_failures, args.cpus_per_worker)
-    from imagenet_train.cli import train_config
+    from imagenet_train.commands.train import train_config
 
     last = run(train_config(program[1:]), options)
     top1 = f", top-1 {last['top1']:.4f}" if "top1" in last else ""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
-from imagenet_train.config import Config
 from imagenet_train.planning import plan
 
 
@@ -27,8 +27,11 @@ class Schedule:
     base_lr: float
 
     @classmethod
-    def of(cls, cfg: Config, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
-        """The schedule of a run; the base LR scales linearly with the global batch (per 256)."""
+    def of(cls, cfg: Any, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
+        """The schedule of a run; the base LR scales linearly with the global batch (per 256).
+
+        `cfg` is the run's Config (its data, optim and run sections), read by name so that planning/ never
+        imports config."""
         data = cfg.data
         return cls(
             mode=data.mode,

@@ -32,7 +32,7 @@ from imagenet_train.loading.presets import normalize
 from imagenet_train.loading.shard_queue import job_queue
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
-from imagenet_train.planning.position import KeyLog, Position, consumed_keys
+from imagenet_train.planning.position import Position
 from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint, evaluation
@@ -47,6 +47,7 @@ from imagenet_train.training.dist import (
     peer_lost_reason,
 )
 from imagenet_train.training.events import EpochEvents
+from imagenet_train.training.key_log import KeyLog, consumed_keys
 from imagenet_train.training.parts import (
     amp_dtype,
     augmentation_seed,

@@ -1,0 +1,165 @@
+"""The package's layers, read from the source with `ast`: no import cycle, a planner that imports only the
+standard library and does no I/O, and a CLI module that nothing imports."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+PACKAGE = Path(__file__).resolve().parents[1] / "app" / "imagenet_train"
+ROOT = "imagenet_train"
+# A leaf of plain exceptions (checked below to import only the standard library): the planner's verdicts and
+# refusals are one-line user errors like everywhere else.
+PLANNING_MAY_IMPORT = {f"{ROOT}.errors"}
+# Modules that reach files, sockets or processes; planning/ takes numbers and returns numbers.
+IO_MODULES = {"os", "io", "pathlib", "shutil", "tempfile", "glob", "socket", "subprocess", "urllib", "http", "fcntl"}
+IO_CALLS = {"open", "input", "print"}
+IO_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "open", "mkdir", "touch", "unlink", "glob"}
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of a source file under the package."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+
+def imported(name: str) -> list[tuple[str, int]]:
+    """Every module `name` imports anywhere in its source (function-level imports too), with the line."""
+    found = []
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(TREES[name]):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod.
+            found += [
+                (f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base, node.lineno)
+                for alias in node.names
+            ]
+    return found
+
+
+def internal_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports."""
+    return {name: {target for target, _ in imported(name) if target in MODULES} - {name} for name in MODULES}
+
+
+def layer(module: str) -> str:
+    """The package or top-level module a module belongs to: imagenet_train.planning, imagenet_train.config, ..."""
+    return ".".join(module.split(".")[:2])
+
+
+def shortest_cycle(graph: dict[str, set[str]], start: str) -> list[str]:
+    """The shortest path from `start` back to itself, as a list that ends where it starts ([] if none)."""
+    came_from: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        node = todo.pop(0)
+        for target in sorted(graph.get(node, ())):
+            if target == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [*reversed(path), start]
+            if target not in came_from:
+                came_from[target] = node
+                todo.append(target)
+    return []
+
+
+def all_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """The shortest cycle in each group of nodes that reach each other, each as "a -> b -> a"."""
+    reach = {node: reachable(graph, node) for node in graph}
+    groups = {frozenset(n for n in reach[node] if node in reach[n]) | {node} for node in graph}
+    found = []
+    for group in sorted(groups, key=sorted):
+        if len(group) > 1:
+            cycles = [shortest_cycle(graph, node) for node in sorted(group)]
+            found.append(" -> ".join(min(cycles, key=len)))
+    return found
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The nodes `start` reaches through one edge or more."""
+    seen: set[str] = set()
+    todo = list(graph.get(start, ()))
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo += graph.get(node, ())
+    return seen
+
+
+def test_no_module_imports_a_module_that_imports_it_back():
+    cycles = all_cycles(internal_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_no_package_imports_a_package_that_imports_it_back():
+    layers: dict[str, set[str]] = {}
+    for module, targets in internal_graph().items():
+        layers.setdefault(layer(module), set()).update(layer(t) for t in targets if layer(t) != layer(module))
+    cycles = all_cycles({name: layers.get(name, set()) for name in {*layers, *set().union(*layers.values())}})
+    assert not cycles, "import loops between packages:\n" + "\n".join(cycles)
+
+
+def test_the_planner_imports_only_the_standard_library_and_itself():
+    wrong = []
+    for name in MODULES:
+        if layer(name) != f"{ROOT}.planning":
+            continue
+        for target, line in imported(name):
+            top = target.split(".")[0]
+            own = target == f"{ROOT}.planning" or target.startswith(f"{ROOT}.planning.")
+            if own or target in PLANNING_MAY_IMPORT:
+                continue
+            if top not in sys.stdlib_module_names or top in IO_MODULES:
+                wrong.append(f"{MODULES[name].relative_to(PACKAGE)}:{line} imports {target}")
+    assert not wrong, "planning/ must be pure arithmetic:\n" + "\n".join(wrong)
+
+
+def test_what_the_planner_may_import_imports_only_the_standard_library():
+    for name in PLANNING_MAY_IMPORT:
+        outside = [t for t, _ in imported(name) if t.split(".")[0] not in sys.stdlib_module_names]
+        assert not outside, f"{name} imports {outside}, which planning/ would then import"
+
+
+def test_the_planner_does_no_file_io():
+    calls = []
+    for name in MODULES:
+        if layer(name) != f"{ROOT}.planning":
+            continue
+        for node in ast.walk(TREES[name]):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if (isinstance(func, ast.Name) and func.id in IO_CALLS) or (
+                isinstance(func, ast.Attribute) and func.attr in IO_METHODS
+            ):
+                calls.append(f"{MODULES[name].relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(func)}(...)")
+    assert not calls, "planning/ must do no I/O:\n" + "\n".join(calls)
+
+
+def test_nothing_in_the_package_imports_the_cli_module():
+    # cli.py is the console script's entry: parse and dispatch. Commands live in commands/.
+    importers = [
+        f"{MODULES[name].relative_to(PACKAGE)}:{line}"
+        for name in MODULES
+        for target, line in imported(name)
+        if target == f"{ROOT}.cli"
+    ]
+    assert not importers, f"{ROOT}.cli imported by: {', '.join(importers)}"
