@@ -252,7 +252,7 @@ def read_mapping(path: str | Path, label: str) -> dict[str, Any]:
         raise ImagenetTrainError(f"{label} {path}: more than {MAX_SETTINGS_BYTES} bytes; expected a settings file")
     try:
         values = yaml.load(raw.decode("utf-8"), Loader=loader)  # a SafeLoader that also refuses aliases
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:
+    except (yaml.YAMLError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8, a 5000-digit int
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         if isinstance(error, alias_error):

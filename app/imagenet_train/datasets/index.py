@@ -23,12 +23,12 @@ MAX_INDEX_BYTES = 64 << 20
 
 # The smallest sample the loader can use is two tar members (the image and its class), each a 512-byte
 # header and at least one 512-byte data block, since neither may be empty: 2048 bytes. Headers for long names
-# and the end-of-archive blocks only add to it, so no real shard holds more than filesize // 2048 samples.
+# and the end-of-archive blocks only add to it, so no shard holds more than filesize // 2048 usable samples.
 MIN_SAMPLE_BYTES = 4 * 512
 # Where an index gives no filesize: the most `imagenet-train shards --maxcount` writes in one shard.
 MAX_SHARD_SAMPLES = 10_000_000
-# Per split: far beyond any image dataset (ImageNet-21k has 14 million), still few enough that every planner
-# and `plan --simulate` bound derived from it stays a count, not a run of years.
+# Per split: far beyond any image dataset (ImageNet-21k has 14 million). `plan --simulate` is bounded apart
+# from this, by what the shards really hold (loading/simulate.py).
 MAX_SPLIT_SAMPLES = 10_000_000_000
 
 _HEX = {"sha256": re.compile(r"[0-9a-fA-F]{64}"), "md5sum": re.compile(r"[0-9a-fA-F]{32}")}
@@ -95,7 +95,7 @@ def load_index(location: str, io_timeout: float = 900.0, trust_index: bool = Fal
         raise ImagenetTrainError(f"{where}: no shard index here (run `imagenet-train shards` first)")
     raw = storage.read_bytes(where, io_timeout=io_timeout, limit=MAX_INDEX_BYTES)
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
+        data = json.loads(raw)  # NaN and Infinity become floats, which no checked field accepts
     except (ValueError, RecursionError) as error:
         detail = f"{error.msg} at line {error.lineno}" if isinstance(error, json.JSONDecodeError) else clip(error)
         raise ImagenetTrainError(f"{where}: not a JSON shard index ({detail})") from None
@@ -105,10 +105,6 @@ def load_index(location: str, io_timeout: float = 900.0, trust_index: bool = Fal
         log.warning("--trust-index: %s may name any URL, local path or pipe: command as a shard", where)
     resolved = check_index(data, where, trust_index)
     return ShardIndex(location=where, data=data, resolved=resolved)
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def check_index(data: dict, where: str, trust_index: bool = False) -> dict[str, list[str]]:
@@ -125,7 +121,7 @@ def check_index(data: dict, where: str, trust_index: bool = False) -> dict[str, 
     for split, info in splits.items():
         at = f"{where}: split '{clip(split)}'"
         if not isinstance(info, dict) or not isinstance(info.get("shardlist"), list):
-            raise ImagenetTrainError(f"{at}: expected a mapping with a 'shardlist' list, got {clip(info)}")
+            raise ImagenetTrainError(f"{at}: expected a mapping with a 'shardlist' list, got '{clip(info)}'")
         urls, total = [], 0
         for number, shard in enumerate(info["shardlist"]):
             total += _check_shard(shard, f"{at} shard {number}")
@@ -142,25 +138,26 @@ def check_index(data: dict, where: str, trust_index: bool = False) -> dict[str, 
 def _check_shard(shard: object, at: str) -> int:
     """The samples of one shard entry, after checking its fields and that its size can hold them."""
     if not isinstance(shard, dict):
-        raise ImagenetTrainError(f"{at}: expected a mapping with url and nsamples, got {clip(shard)}")
+        raise ImagenetTrainError(f"{at}: expected a mapping with url and nsamples, got '{clip(shard)}'")
     if not isinstance(shard.get("url"), str):
-        raise ImagenetTrainError(f"{at}: url: expected text, got {clip(shard.get('url'))}")
+        raise ImagenetTrainError(f"{at}: url: expected text, got '{clip(shard.get('url'))}'")
     nsamples, filesize = shard.get("nsamples"), shard.get("filesize")
-    if not _count(nsamples) or nsamples > MAX_SHARD_SAMPLES:
-        raise ImagenetTrainError(
-            f"{at}: nsamples: expected a whole number from 0 to {MAX_SHARD_SAMPLES}, got {clip(nsamples)}"
-        )
+    expected = f"a whole number from 0 to {MAX_SHARD_SAMPLES}"
+    if not _count(nsamples):
+        raise ImagenetTrainError(f"{at}: nsamples: expected {expected}, got '{clip(nsamples)}'")
     if "filesize" in shard:
         if not _count(filesize):
-            raise ImagenetTrainError(f"{at}: filesize: expected a whole number of bytes >= 0, got {clip(filesize)}")
+            raise ImagenetTrainError(f"{at}: filesize: expected a whole number of bytes >= 0, got '{clip(filesize)}'")
         if nsamples > filesize // MIN_SAMPLE_BYTES:
             raise ImagenetTrainError(
                 f"{at}: {nsamples} samples cannot fit in {filesize} bytes "
                 f"(a sample takes at least {MIN_SAMPLE_BYTES} bytes of tar)"
             )
+    if nsamples > MAX_SHARD_SAMPLES:
+        raise ImagenetTrainError(f"{at}: nsamples: expected {expected}, got {nsamples}")
     for key, pattern in _HEX.items():
         if key in shard and not (isinstance(shard[key], str) and pattern.fullmatch(shard[key])):
-            raise ImagenetTrainError(f"{at}: {key}: expected {pattern.pattern}, got {clip(shard[key])}")
+            raise ImagenetTrainError(f"{at}: {key}: expected {pattern.pattern}, got '{clip(shard[key])}'")
     return nsamples
 
 
