@@ -76,9 +76,31 @@ def test_local_paths_and_file_urls_resolve_relative_names(tmp_path):
     assert storage.read_bytes(f"file://{tmp_path}/a.tar") == b"abc"
     assert storage.join("http://h:1/data", "a.tar") == "http://h:1/data/a.tar"
     assert storage.join(str(tmp_path), "a.tar") == str(tmp_path / "a.tar")
-    assert storage.join("http://h:1/data", "http://other/b.tar") == "http://other/b.tar"
+    assert storage.join("http://h:1/data", "sub/../b.tar") == "http://h:1/data/sub/../b.tar"  # stays inside
+    assert storage.join("http://h:1/data", "http://other/b.tar", trusted=True) == "http://other/b.tar"
     with pytest.raises(ImagenetTrainError, match="cannot open"):
         storage.open_stream(str(tmp_path / "missing.tar"))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "http://other/b.tar",
+        "pipe:cat b.tar",
+        "file:///etc/passwd",
+        "/etc/passwd",
+        "../b.tar",
+        "a/../../b.tar",
+        "%2e%2e/b.tar",
+        "%2fetc/passwd",
+        "gs://other/b.tar",
+        "",
+        "a\nb.tar",
+    ],
+)
+def test_names_outside_the_base_folder_are_refused_unless_trusted(name):
+    with pytest.raises(ImagenetTrainError, match="expected a name inside http://h:1/data"):
+        storage.join("http://h:1/data", name)
 
 
 class _AISProxy(http.server.BaseHTTPRequestHandler):

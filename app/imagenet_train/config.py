@@ -4,13 +4,14 @@ in every run. The `train` command's flags, their checks and their help all come 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.planning.plan import Mode
 from imagenet_train.settings import check, declared, flag, problem, setting
 
@@ -23,6 +24,11 @@ BROKEN_SHARD_POLICIES = ("skip", "fail")
 @dataclass
 class DataConfig:
     shards: str = setting("", "shard index (shards.json), its directory, or a URL to either")
+    trust_index: bool = setting(
+        False,
+        "let the index name shards anywhere: absolute URLs, other hosts, local paths, file: and pipe: commands "
+        "(off: only names inside the index's own folder; turn on only for an index you wrote yourself)",
+    )
     train_urls: str = setting(
         "", "training shards as a URL spec instead of an index, e.g. 'http://host/x-{000000..000146}.tar'"
     )
@@ -210,36 +216,75 @@ def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     for name, value in values.items():
         if name not in kinds:
             raise ImagenetTrainError(
-                f"{source}: unknown setting '{name}'; expected a `train` option name with underscores, "
+                f"{source}: unknown setting '{clip(name)}'; expected a `train` option name with underscores, "
                 "e.g. batch_size for --batch-size"
             )
         kind, rule = kinds[name]
         wanted = problem(kind, rule, value)
         if wanted:
-            raise ImagenetTrainError(f"{source}: {name} ({flag(name)}): expected {wanted}, got '{value}'")
+            raise ImagenetTrainError(f"{source}: {name} ({flag(name)}): expected {wanted}, got '{clip(value)}'")
         checked[name] = kind(value)
     return checked
 
 
+def setting_help(name: str) -> str:
+    """The help of a declared setting, for the commands besides `train` that take its flag (plan, probe)."""
+    return next(rule.help for section in SECTIONS for d, rule in declared(section) if d.name == name)
+
+
+MAX_SETTINGS_BYTES = 1 << 20  # config, values and deployment files are a few KB
+
+
 def read_mapping(path: str | Path, label: str) -> dict[str, Any]:
-    """A YAML (or JSON) file holding a mapping; an empty file is {}. Errors name `label` (the flag) and the file."""
+    """A YAML (or JSON) file holding a mapping; an empty file is {}. Errors name `label` (the flag) and the file.
+
+    YAML aliases are refused: a few hundred bytes of nested aliases expand to gigabytes ("billion laughs").
+    """
     import yaml
 
+    loader, alias_error = _no_alias_loader()
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_SETTINGS_BYTES + 1)
     except OSError as error:
         raise ImagenetTrainError(f"{label} {path}: cannot read ({error.strerror})") from None
+    if len(raw) > MAX_SETTINGS_BYTES:
+        raise ImagenetTrainError(f"{label} {path}: more than {MAX_SETTINGS_BYTES} bytes; expected a settings file")
     try:
-        values = yaml.safe_load(text)
-    except yaml.YAMLError as error:
+        values = yaml.load(raw.decode("utf-8"), Loader=loader)  # a SafeLoader that also refuses aliases
+    except (yaml.YAMLError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8, a 5000-digit int
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
+        if isinstance(error, alias_error):
+            raise ImagenetTrainError(
+                f"{label} {path}: a YAML alias (*name){where}; expected the values written out"
+            ) from None
         raise ImagenetTrainError(f"{label} {path}: not valid YAML or JSON{where}") from None
     if values is None:
         return {}
     if not isinstance(values, dict):
         raise ImagenetTrainError(f"{label} {path}: expected a mapping, got {type(values).__name__}")
     return values
+
+
+@functools.cache
+def _no_alias_loader() -> tuple[type, type]:
+    import yaml
+
+    class AliasError(yaml.YAMLError):
+        """A YAML alias, refused."""
+
+    class NoAliasLoader(yaml.SafeLoader):
+        """yaml.SafeLoader that stops at the first alias instead of sharing (and later expanding) a node."""
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                error = AliasError("alias")
+                error.problem_mark = self.peek_event().start_mark
+                raise error
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader, AliasError
 
 
 def load_settings(path: str | Path) -> dict[str, Any]:

@@ -1,8 +1,31 @@
 """User-facing errors: one line naming the input and what was expected."""
 
+import reprlib
+
+CLIP = 80  # characters of an input value an error line echoes at most
+
+
+# repr() of a nested value builds the whole text first: a YAML alias bomb or a hostile index can make that
+# hundreds of megabytes. reprlib stops after a few items per level.
+class _Short(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:
+        return repr(x) if x.bit_length() < 256 else f"<a {x.bit_length()}-bit integer>"
+
+
+_REPR = _Short()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, CLIP, CLIP
+_REPR.maxdict = _REPR.maxlist = _REPR.maxtuple = _REPR.maxset = 4
+
 
 class ImagenetTrainError(Exception):
     """An error caused by the user's input or environment, printed without a traceback."""
+
+
+def clip(value: object, limit: int = CLIP) -> str:
+    """`value` as printable text of at most `limit` characters (cut with '...'), for echoing input in an error."""
+    text = value[: limit + 1] if isinstance(value, str) else _REPR.repr(value)
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: limit + 1])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def one_line(message: str) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, clip
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def check(name: str, kind: type, rule: Setting, value: Any) -> None:
     """Raise the one-line error for a bad value of a setting."""
     wanted = problem(kind, rule, value)
     if wanted:
-        raise ImagenetTrainError(f"{flag(name)}: expected {wanted}, got '{value}'")
+        raise ImagenetTrainError(f"{flag(name)}: expected {wanted}, got '{clip(value)}'")
 
 
 def _parse(kind: type, text: str) -> Any:
@@ -105,10 +105,10 @@ def converter(name: str, kind: type, rule: Setting) -> Callable[[str], Any]:
         try:
             value = _parse(kind, text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expectation(kind, rule)}, got '{text}'") from None
+            raise argparse.ArgumentTypeError(f"expected {expectation(kind, rule)}, got '{clip(text)}'") from None
         wanted = problem(kind, rule, value)
         if wanted:
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got '{text}'")
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got '{clip(text)}'")
         return value
 
     convert.__name__ = name  # argparse names the type in some messages

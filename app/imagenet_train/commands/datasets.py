@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 
+from imagenet_train.config import setting_help
 from imagenet_train.settings import choice, number, text
 
 
@@ -67,7 +68,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
 def cmd_summarize(args: argparse.Namespace) -> int:
     from imagenet_train.datasets.index import brace, load_index
 
-    index = load_index(args.location)
+    index = load_index(args.location, trust_index=args.trust_index)
     summary = {"index": index.location, "classes": len(index.classes), "splits": {}}
     for split in index.splits():
         names = [shard["url"] for shard in index.shards(split)]
@@ -130,6 +131,7 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     summarize = commands.add_parser("summarize", formatter_class=formatter, help="brace notation and counts")
     summarize.add_argument("location", type=text, help="shard directory, shards.json, or a URL to either")
     summarize.add_argument("--json", action="store_true", help="machine-readable output")
+    summarize.add_argument("--trust-index", action="store_true", help=setting_help("trust_index"))
     summarize.set_defaults(func=cmd_summarize)
 
     demo = commands.add_parser(

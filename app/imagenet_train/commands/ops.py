@@ -9,6 +9,7 @@ import sys
 import time
 
 from imagenet_train.commands import deployment_file
+from imagenet_train.config import setting_help
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.settings import number, text
 
@@ -43,7 +44,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
         location = shards_url(document, document["name"])
     if not location:
         raise ImagenetTrainError("probe: give the shard index (LOCATION) or --deployment FILE")
-    result = wait_for(location, args.wait, split=args.split) if args.wait else probe(location, args.split)
+    trust = args.trust_index
+    result = (
+        wait_for(location, args.wait, split=args.split, trust_index=trust)
+        if args.wait
+        else probe(location, args.split, trust_index=trust)
+    )
     print(
         f"{result.index}: {result.samples} {args.split} samples in {result.shards} shards; "
         f"read {result.shard} ({result.shard_bytes} bytes, {result.shard_samples} samples)",
@@ -77,4 +83,5 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     )
     probe.add_argument("--split", type=text, default="train", help="split whose first shard is read")
     probe.add_argument("--wait", type=seconds, default=0, help="retry for up to this many seconds (0: once)")
+    probe.add_argument("--trust-index", action="store_true", help=setting_help("trust_index"))
     probe.set_defaults(func=cmd_probe)

@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 import json
 
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.config import setting_help
+from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.settings import choice, number
 
 
@@ -18,7 +19,7 @@ def _plan_setup(args: argparse.Namespace) -> None:
     if args.shards:
         from imagenet_train.datasets.index import load_index
 
-        index = load_index(args.shards)
+        index = load_index(args.shards, trust_index=args.trust_index)
         sizes, urls = index.sizes("train"), index.urls("train")
     elif args.shard_sizes:
         try:
@@ -27,7 +28,7 @@ def _plan_setup(args: argparse.Namespace) -> None:
             sizes = []
         if not sizes or min(sizes) < 1:
             raise ImagenetTrainError(
-                f"--shard-sizes: expected whole numbers >= 1 like 1000,1000,640, got '{args.shard_sizes}'"
+                f"--shard-sizes: expected whole numbers >= 1 like 1000,1000,640, got '{clip(args.shard_sizes)}'"
             )
     elif args.nshards and args.samples_per_shard:
         sizes = [args.samples_per_shard] * args.nshards
@@ -96,6 +97,8 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
         help="show how shards split over nodes x GPUs x workers and whether every rank gets the same batches",
     )
     planner.add_argument("--shards", default="", help="shard index (shards.json), its directory, or a URL")
+    # Re-declared, as the flags above, rather than generated: plan takes only some of train's settings.
+    planner.add_argument("--trust-index", action="store_true", help=setting_help("trust_index"))
     planner.add_argument("--shard-sizes", default="", help="samples per shard, comma-separated (instead of an index)")
     planner.add_argument(
         "--nshards", type=number(int, 0, 10_000_000), default=0, help="number of shards (with --samples-per-shard)"

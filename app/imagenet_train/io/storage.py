@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import BinaryIO
 
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.resumable import Opened, ResumableReader, Transient, buffered
 
 HTTP_TIMEOUT_S = 60.0
@@ -30,19 +30,51 @@ def local_path(location: str) -> str:
     return location
 
 
-def join(base: str, name: str) -> str:
-    """Resolve `name` relative to the directory URL or path `base` (absolute names pass through)."""
-    if is_url(name) or name.startswith("/") or name.startswith("file://"):
+def outside_reason(name: str) -> str | None:
+    """Why `name` does not name a file inside the folder it is read relative to (None when it does).
+
+    An index names its shards relative to its own folder, as wids merges them; a scheme, a host, an absolute
+    path or a `..` that climbs out would let whoever wrote the index make a node run a command (pipe:) or read
+    its own files. Percent-escapes are decoded first, since a web server decodes them too.
+    """
+    if not name:
+        return "is empty"
+    for text in dict.fromkeys((name, urllib.parse.unquote(name))):
+        if not text.isprintable():
+            return "holds control characters"
+        if text.startswith(("/", "\\")):
+            return "is an absolute path"
+        first = text.split("/", 1)[0]
+        if ":" in first:  # pipe:, file:, http:, gs:, C: and the like all name something else than a file here
+            return "names a scheme (pipe:, file:, http:, ...)"
+        depth = 0
+        for part in text.split("/"):
+            depth += -1 if part == ".." else 0 if part in ("", ".") else 1
+            if depth < 0:
+                return "climbs out of the index's folder with '..'"
+    return None
+
+
+def join(base: str, name: str, trusted: bool = False) -> str:
+    """Resolve `name` relative to the directory URL or path `base`; `trusted` lets absolute names and
+    other schemes through unchanged (names inside the folder only, otherwise)."""
+    if trusted and (is_url(name) or name.startswith("/") or name.startswith("file://")):
         return name
+    reason = outside_reason(name)
+    if reason and not trusted:
+        raise ImagenetTrainError(f"'{clip(name)}' {reason}; expected a name inside {clip(base)}")
     if is_url(base) or base.startswith("file://"):
         return base.rstrip("/") + "/" + name  # any scheme, gs:// included (urljoin knows only some)
     return os.path.join(base, name)
 
 
 def parent(location: str) -> str:
-    """The directory URL or path containing `location`."""
-    if is_url(location) or location.startswith("file://"):
+    """The directory URL or path containing `location` (a URL's query and fragment dropped)."""
+    if location.startswith("pipe:"):
         return location.rsplit("/", 1)[0]
+    if is_url(location) or location.startswith("file://"):
+        parts = urllib.parse.urlsplit(location)
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rsplit("/", 1)[0], "", ""))
     return os.path.dirname(os.path.abspath(location))
 
 
@@ -155,7 +187,15 @@ def stream_size(stream: BinaryIO) -> int | None:
     return size
 
 
-def read_bytes(location: str, io_timeout: float = 900.0) -> bytes:
-    """Read a whole (small) resource, such as a shard index."""
+def read_bytes(location: str, io_timeout: float = 900.0, limit: int = 64 << 20) -> bytes:
+    """Read a whole small resource, such as a shard index; more than `limit` bytes is an error, found
+    without reading past the limit."""
+    chunks, total = [], 0
     with open_stream(location, io_timeout=io_timeout) as stream:
-        return stream.read()
+        while total <= limit:
+            chunk = stream.read(min(1 << 20, limit + 1 - total))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            total += len(chunk)
+    raise ImagenetTrainError(f"{clip(location)}: more than {limit} bytes; expected a small metadata file")

@@ -70,7 +70,13 @@ class ShardDataModule(lightning.LightningDataModule):
         self.cfg = cfg
         data = cfg.data
         self.source = resolve_source(
-            data.shards, data.train_urls, data.val_urls, data.train_samples, data.num_classes, data.io_timeout
+            data.shards,
+            data.train_urls,
+            data.val_urls,
+            data.train_samples,
+            data.num_classes,
+            data.io_timeout,
+            data.trust_index,
         )
         self.schedule: Schedule | None = None
         self.train_batches: EpochLoader | None = None

@@ -46,7 +46,13 @@ def run(cfg: Config, options: RayOptions) -> dict:
     data = cfg.data
     # Bad shards or a hanging layout fail here, once, instead of in every worker on every restart.
     source = resolve_source(
-        data.shards, data.train_urls, data.val_urls, data.train_samples, data.num_classes, data.io_timeout
+        data.shards,
+        data.train_urls,
+        data.val_urls,
+        data.train_samples,
+        data.num_classes,
+        data.io_timeout,
+        data.trust_index,
     )
     try:
         import ray

@@ -530,12 +530,17 @@ def resolve_source(
     train_samples: int = 0,
     num_classes: int = 0,
     io_timeout: float = 900.0,
+    trust_index: bool = False,
 ) -> DataSource:
-    """Read the shard index (or take explicit URL specs) into lists of URLs and counts."""
+    """Read the shard index (or take explicit URL specs) into lists of URLs and counts.
+
+    The index's shard URLs must lie in its own folder unless `trust_index`; URL specs the user gives
+    (`--train-urls`, pipe: included) are the user's own and used as given.
+    """
     from imagenet_train.datasets.index import load_index
 
     if shards:
-        index = load_index(shards, io_timeout=io_timeout)
+        index = load_index(shards, io_timeout=io_timeout, trust_index=trust_index)
         sizes = index.sizes("train")
         splits = [split for split in ("train", "val") if split in index.splits()]
         expected = {

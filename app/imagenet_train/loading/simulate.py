@@ -8,8 +8,10 @@ so the planner's arithmetic can be checked against what really comes out of the 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.pipeline import ShardReading, ShardStream, batched, read_shards
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
@@ -81,6 +83,31 @@ def _recording(urls, opened: list[str]):
         yield url
 
 
+class _ShardTally:
+    """Counts the samples of the shard a resampled stream is reading. That stream's epoch is as long as the
+    index says, so a shard that holds fewer samples than claimed ends the simulation: without this an index
+    claiming billions of samples in a 20 KB shard would keep it re-reading that shard for days."""
+
+    def __init__(self, claimed: dict[str, int]):
+        self.claimed, self.url, self.count = claimed, "", 0
+
+    def urls(self, urls: Iterator[str]) -> Iterator[str]:
+        for url in urls:  # read_shards asks for the next URL only once the previous shard is read to its end
+            self.check()
+            self.url, self.count = url, 0
+            yield url
+
+    def samples(self, samples: Iterator[dict]) -> Iterator[dict]:
+        for sample in samples:
+            self.count += 1
+            yield sample
+
+    def check(self) -> None:
+        claimed = self.claimed.get(self.url, 0)
+        if self.url and self.count < claimed:
+            raise ImagenetTrainError(f"{self.url}: holds {self.count} samples, the index says {claimed}")
+
+
 def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
     """Batches and samples each virtual rank really gets in one epoch of `setup`."""
     if setup.mode is Mode.QUEUE:
@@ -105,11 +132,17 @@ def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
             nominal = plan.assess(setup).ranks[rank].batches
             workers = max(setup.workers, 1)
             opened_lists = [[] for _ in range(workers)]
+            tallies = [_ShardTally(dict(zip(urls, setup.shard_sizes, strict=True))) for _ in range(workers)]
             streams = [
-                read_shards(
-                    _recording(stream.shard_urls(w, workers), opened_lists[w]), READING, None, 2 * len(urls) + 8
+                tally.samples(
+                    read_shards(
+                        tally.urls(_recording(stream.shard_urls(w, workers), opened_lists[w])),
+                        READING,
+                        None,
+                        2 * len(urls) + 8,
+                    )
                 )
-                for w in range(workers)
+                for w, tally in enumerate(tallies)
             ]
             # Resampled worker streams never end; zip interleaves them as the DataLoader's round-robin does.
             interleaved = (s for group in zip(*streams, strict=False) for s in group)

@@ -46,9 +46,9 @@ class _CountingReader:
         return data
 
 
-def probe(location: str, split: str = "train", io_timeout: float = 0.0) -> ProbeResult:
+def probe(location: str, split: str = "train", io_timeout: float = 0.0, trust_index: bool = False) -> ProbeResult:
     """Load the index and read its first shard of `split`; errors name what failed."""
-    index: ShardIndex = load_index(location, io_timeout=io_timeout)
+    index: ShardIndex = load_index(location, io_timeout=io_timeout, trust_index=trust_index)
     urls, sizes = index.urls(split), index.sizes(split)
     if not urls:
         raise ImagenetTrainError(f"{index.location}: split '{split}' lists no shards")
@@ -58,12 +58,14 @@ def probe(location: str, split: str = "train", io_timeout: float = 0.0) -> Probe
     return ProbeResult(index.location, len(urls), sum(sizes), urls[0], nbytes, nsamples)
 
 
-def wait_for(location: str, timeout: float, interval: float = 1.0, split: str = "train") -> ProbeResult:
+def wait_for(
+    location: str, timeout: float, interval: float = 1.0, split: str = "train", trust_index: bool = False
+) -> ProbeResult:
     """Probe until it succeeds or `timeout` seconds pass; the last error is reported."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return probe(location, split)
+            return probe(location, split, trust_index=trust_index)
         except ImagenetTrainError as error:
             if time.monotonic() + interval > deadline:
                 raise ImagenetTrainError(f"{error} (still failing after {timeout:.0f} s)") from None

@@ -502,7 +502,13 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     a rank can block in its exit past the grace period."""
     data = cfg.data
     source = resolve_source(
-        data.shards, data.train_urls, data.val_urls, data.train_samples, data.num_classes, data.io_timeout
+        data.shards,
+        data.train_urls,
+        data.val_urls,
+        data.train_samples,
+        data.num_classes,
+        data.io_timeout,
+        data.trust_index,
     )
     trainer: Trainer | None = None
     failure: BaseException | None = None

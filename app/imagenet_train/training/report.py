@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from itertools import accumulate
 from pathlib import Path
 
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, clip
+
+MAX_LINE_BYTES = 1 << 20  # an epoch record is a few hundred bytes, plus two short lists per 1000 ranks
+MAX_COUNT = 1 << 62
+
+# The fields the report reads, and what each must be. Records may carry more; those are not read.
+_REQUIRED = {"epoch": "count", "train_loss": "number", "train_samples": "count", "batches_per_rank": "counts"}
+_OPTIONAL = {
+    "samples_per_s": "number",
+    "val_loss": "number",
+    "top1": "number",
+    "top5": "number",
+    "data_wait_fraction": "number",
+    "data_wait_per_rank": "numbers",
+    "samples_seen": "count",
+    "resumed_from_step": "count",
+}
+_EXPECTED = {
+    "count": "a whole number >= 0",
+    "counts": "a non-empty list of whole numbers >= 0",
+    "number": "a finite number >= 0",
+    "numbers": "a list of finite numbers >= 0",
+}
 
 
 def read_records(run_dir: Path) -> list[dict]:
@@ -16,17 +39,50 @@ def read_records(run_dir: Path) -> list[dict]:
     if not path.is_file():
         raise ImagenetTrainError(f"report: {path} not found (give a run directory written by `imagenet-train train`)")
     by_epoch: dict[int, dict] = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            by_epoch[int(record["epoch"])] = record
-        except (ValueError, KeyError, TypeError):
-            raise ImagenetTrainError(f"report: {path} line {number}: expected a JSON object with 'epoch'") from None
+    with open(path, "rb") as stream:
+        for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(line) > MAX_LINE_BYTES:
+                raise ImagenetTrainError(f"report: {path} line {number}: longer than {MAX_LINE_BYTES} bytes")
+            if line.strip():
+                record = check_record(line, f"report: {path} line {number}")
+                by_epoch[record["epoch"]] = record
     if not by_epoch:
         raise ImagenetTrainError(f"report: {path} holds no epochs yet")
     return [by_epoch[epoch] for epoch in sorted(by_epoch)]
+
+
+def check_record(line: bytes, at: str) -> dict:
+    """One metrics.jsonl line as a record whose fields the report reads are what it expects."""
+    try:
+        record = json.loads(line)  # NaN and Infinity become floats, refused below in the fields the report reads
+    except (ValueError, RecursionError):
+        raise ImagenetTrainError(f"{at}: expected a JSON object with 'epoch'") from None
+    if not isinstance(record, dict) or "epoch" not in record:
+        raise ImagenetTrainError(f"{at}: expected a JSON object with 'epoch'")
+    for key, kind in (*_REQUIRED.items(), *_OPTIONAL.items()):
+        if key not in record:
+            if key in _REQUIRED:
+                raise ImagenetTrainError(f"{at}: no '{key}'; expected {_EXPECTED[kind]}")
+            continue
+        value = record[key]
+        fits = _fits(value, kind.rstrip("s")) if kind in ("count", "number") else _fits_list(value, kind)
+        if not fits:
+            raise ImagenetTrainError(f"{at}: field '{key}': expected {_EXPECTED[kind]}, got '{clip(value)}'")
+    return record
+
+
+def _fits(value: object, kind: str) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if kind == "count":
+        return isinstance(value, int) and 0 <= value <= MAX_COUNT
+    return math.isfinite(value) and 0 <= value <= MAX_COUNT
+
+
+def _fits_list(value: object, kind: str) -> bool:
+    if not isinstance(value, list) or (kind == "counts" and not value):
+        return False
+    return all(_fits(item, kind[:-1]) for item in value)
 
 
 def samples_seen(records: list[dict]) -> list[int]:
@@ -83,9 +139,10 @@ def plot_throughput(ax, records: list[dict]) -> None:
 
 def plot_data_wait(ax, records: list[dict]) -> None:
     """Share of step time spent waiting for the next batch, per rank and on average."""
-    ranks = max((len(r.get("data_wait_per_rank", [])) for r in records), default=0)
+    key = "data_wait_per_rank"
+    ranks = max((len(r.get(key, [])) for r in records), default=0)
     for rank in range(ranks if ranks <= 8 else 0):
-        points = [(r["epoch"], 100 * r["data_wait_per_rank"][rank]) for r in records if r.get("data_wait_per_rank")]
+        points = [(r["epoch"], 100 * r["data_wait_per_rank"][rank]) for r in records if rank < len(r.get(key, []))]
         ax.plot(*zip(*points, strict=True), linestyle="--", alpha=0.6, label=f"rank {rank}")
     epochs, values = _epochs(records, "data_wait_fraction")
     ax.plot(epochs, [100 * v for v in values], marker="o", color="black", label="mean")
@@ -175,7 +232,7 @@ def summary_table(records: list[dict]) -> str:
                 f"{record['val_loss']:.4f}" if "val_loss" in record else "-",
                 f"{100 * record['top1']:.2f}%" if "top1" in record else "-",
                 f"{100 * record['top5']:.2f}%" if "top5" in record else "-",
-                f"{record['samples_per_s']:.0f}",
+                f"{record['samples_per_s']:.0f}" if "samples_per_s" in record else "-",
                 f"{100 * record['data_wait_fraction']:.0f}%" if "data_wait_fraction" in record else "-",
                 f"{min(batches)}" if min(batches) == max(batches) else f"{min(batches)}-{max(batches)}",
                 str(seen),

@@ -1,0 +1,173 @@
+"""A hostile shard index: it names data, never programs or this node's files, and its claims are bounded.
+
+Each index is served by a real nginx (or a GCS emulator) on 127.0.0.1 and read through the real CLI. An
+attack that ran would leave the `marker` file; a refusal is exit code 2 and one line naming the index and
+the entry.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from imagenet_train.io import gcs
+from imagenet_train.ops.serve import free_port
+
+from conftest import cli, jpeg_bytes, local_service
+
+TINY_TRAIN = [
+    *("--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--batch-size", "2", "--workers", "0"),
+    *("--epochs", "1", "--no-tensorboard", "--no-hflip", "--shuffle-buffer", "0"),
+]
+BUCKET = "imagenet-train-attacks"
+
+
+def write_shard(path: Path, samples: int = 2) -> int:
+    """A real WebDataset shard of `samples` (jpg, cls) pairs; returns its size in bytes."""
+    with tarfile.open(path, "w") as archive:
+        for number in range(samples):
+            for suffix, data in ((".jpg", jpeg_bytes(number)), (".cls", b"0")):
+                info = tarfile.TarInfo(f"{number:06d}{suffix}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return path.stat().st_size
+
+
+def write_index(folder: Path, shards: list[dict], padding: int = 0) -> Path:
+    """An imagenet-train index listing `shards` as its train split (and `padding` trailing spaces)."""
+    document = {
+        "__kind__": "wids-shard-index-v1",
+        "splits": {"train": {"shardlist": shards, "nsamples": sum(s.get("nsamples", 0) for s in shards)}},
+        "classes": ["a", "b"],
+    }
+    path = folder / "shards.json"
+    with open(path, "w") as stream:
+        json.dump(document, stream)
+        stream.write(" " * padding)
+    return path
+
+
+def refused(result, index: str, *expected: str) -> str:
+    """The one error line of a refused run (exit 2), which names the index and the entry."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("imagenet-train: error: "), result.stderr[-3000:]
+    assert index in lines[0] and all(text in lines[0] for text in expected), lines[0]
+    assert len(lines[0]) < 400
+    return lines[0]
+
+
+def run_command(command: str, index: str, tmp_path: Path, *extra: str):
+    """probe, plan --simulate or train on `index`, as a user would type them."""
+    argv = {
+        "probe": ["probe", index],
+        "plan": ["plan", "--shards", index, "--simulate", "--workers", "1", "--batch-size", "1"],
+        "train": ["train", "--shards", index, *TINY_TRAIN, "--run-dir", str(tmp_path / "run")],
+    }[command]
+    return cli(*argv, *extra, timeout=90)
+
+
+@pytest.mark.parametrize("command", ["probe", "plan", "train"])
+def test_index_with_pipe_url_is_refused(command, hostile_dir, hostile_server, marker, tmp_path):
+    size = write_shard(hostile_dir / "x.tar")
+    url = f"pipe:touch {marker} && cat {hostile_dir / 'x.tar'}"
+    write_index(hostile_dir, [{"url": url, "nsamples": 2, "filesize": size}])
+    index = f"{hostile_server.url}/shards.json"
+    result = run_command(command, index, tmp_path)
+    assert not marker.exists()
+    refused(result, index, "split 'train' shard 0", "url 'pipe:touch", "--trust-index")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["/{outside}/secret.tar", "file:///{outside}/secret.tar", "../secret.tar", "sub/../../secret.tar", "%2e%2e/x.tar"],
+)
+def test_index_naming_a_file_outside_its_folder_is_refused(name, hostile_dir, hostile_server, tmp_path):
+    outside = tmp_path / "node-private"
+    outside.mkdir()
+    size = write_shard(outside / "secret.tar")
+    write_index(hostile_dir, [{"url": name.format(outside=str(outside).strip("/")), "nsamples": 2, "filesize": size}])
+    index = f"{hostile_server.url}/shards.json"
+    refused(cli("probe", index), index, "split 'train' shard 0", "--trust-index")
+
+
+def test_index_naming_another_host_is_refused(hostile_dir, hostile_server, shard_server, digit_shards):
+    first = json.loads((digit_shards / "shards.json").read_text())["splits"]["train"]["shardlist"][0]
+    write_index(hostile_dir, [{**first, "url": f"{shard_server.url}/{first['url']}"}])
+    index = f"{hostile_server.url}/shards.json"
+    refused(cli("probe", index), index, "split 'train' shard 0", "names a scheme")
+
+
+def test_trust_index_lets_the_operators_own_index_name_commands_with_a_warning(hostile_dir, hostile_server, tmp_path):
+    size = write_shard(tmp_path / "mine.tar")
+    write_index(hostile_dir, [{"url": f"pipe:cat {tmp_path / 'mine.tar'}", "nsamples": 2, "filesize": size}])
+    result = cli("probe", f"{hostile_server.url}/shards.json", "--trust-index")
+    assert result.returncode == 0, result.stderr
+    assert "2 train samples in 1 shards" in result.stdout
+    assert "--trust-index" in result.stderr and "pipe:" in result.stderr
+
+
+def test_train_urls_given_on_the_command_line_may_still_be_pipes(tmp_path):
+    from imagenet_train.loading.pipeline import resolve_source
+
+    source = resolve_source("", f"pipe:cat {tmp_path}/x.tar", "", 2, 2)
+    assert source.train_urls == [f"pipe:cat {tmp_path}/x.tar"]
+
+
+@pytest.fixture
+def emulator():
+    port = free_port()
+    executable = str(Path(sys.executable).with_name("gcp-storage-emulator"))
+    command = [executable, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
+    host = f"http://127.0.0.1:{port}"
+    with local_service([*command, "--default-bucket", BUCKET], f"{host}/storage/v1/b", {"STORAGE_EMULATOR_HOST": host}):
+        gcs.client.cache_clear()
+        yield host
+    gcs.client.cache_clear()
+
+
+def test_index_in_a_bucket_with_pipe_url_is_refused(emulator, hostile_dir, marker):
+    size = write_shard(hostile_dir / "x.tar")
+    write_index(hostile_dir, [{"url": f"pipe:touch {marker} && cat {hostile_dir / 'x.tar'}", "nsamples": 2}])
+    index = f"gs://{BUCKET}/hostile/shards.json"
+    gcs.upload(str(hostile_dir / "shards.json"), index)
+    gcs.upload(str(hostile_dir / "x.tar"), f"gs://{BUCKET}/hostile/x.tar")
+    assert size
+    result = cli("probe", index)
+    assert not marker.exists()
+    refused(result, index, "split 'train' shard 0", "pipe:touch")
+
+
+def test_index_larger_than_the_cap_is_refused_without_reading_it_all(hostile_dir, hostile_server):
+    size = write_shard(hostile_dir / "x.tar")
+    write_index(hostile_dir, [{"url": "x.tar", "nsamples": 2, "filesize": size}], padding=(64 << 20) + 1)
+    index = f"{hostile_server.url}/shards.json"
+    refused(cli("probe", index), index, f"more than {64 << 20} bytes")
+
+
+@pytest.mark.parametrize("command", ["plan", "train"])
+def test_index_claiming_more_samples_than_its_shard_can_hold_is_refused(command, hostile_dir, hostile_server, tmp_path):
+    size = write_shard(hostile_dir / "x.tar")  # about 20 KB
+    write_index(hostile_dir, [{"url": "x.tar", "nsamples": 10**12, "filesize": size}])
+    index = f"{hostile_server.url}/shards.json"
+    refused(run_command(command, index, tmp_path), index, "split 'train' shard 0", f"{10**12} samples cannot fit")
+
+
+def test_index_claiming_absurd_samples_without_a_filesize_is_refused(hostile_dir, hostile_server, tmp_path):
+    write_shard(hostile_dir / "x.tar")
+    write_index(hostile_dir, [{"url": "x.tar", "nsamples": 10**12}])
+    index = f"{hostile_server.url}/shards.json"
+    refused(run_command("train", index, tmp_path), index, "split 'train' shard 0", "nsamples: expected")
+
+
+def test_plan_simulate_stops_at_a_shard_holding_fewer_samples_than_claimed(hostile_dir, hostile_server, tmp_path):
+    write_shard(hostile_dir / "x.tar")
+    write_index(hostile_dir, [{"url": "x.tar", "nsamples": 1_000_000}])  # no filesize to check it against
+    index = f"{hostile_server.url}/shards.json"
+    result = run_command("plan", index, tmp_path)
+    refused(result, hostile_server.url, "x.tar: holds 2 samples, the index says 1000000")
