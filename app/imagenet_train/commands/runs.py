@@ -25,7 +25,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         if program[:1] == ["train"]:
             program = [*program, *deployment.train_flags]  # after --config: the deployment's places win
     if wait_for and not args.dry_run:
-        from imagenet_train.cli import train_config
+        from imagenet_train.commands.train import train_config
         from imagenet_train.ops.probe import wait_for as wait_for_shards
 
         trust = program[:1] == ["train"] and train_config(program[1:]).data.trust_index  # the run's own choice
