@@ -43,7 +43,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
         location = shards_url(document, document["name"])
     if not location:
         raise ImagenetTrainError("probe: give the shard index (LOCATION) or --deployment FILE")
-    result = wait_for(location, args.wait, split=args.split) if args.wait else probe(location, args.split)
+    verify = args.verify_shards
+    result = (
+        wait_for(location, args.wait, split=args.split, verify=verify)
+        if args.wait
+        else probe(location, args.split, verify=verify)
+    )
     print(
         f"{result.index}: {result.samples} {args.split} samples in {result.shards} shards; "
         f"read {result.shard} ({result.shard_bytes} bytes, {result.shard_samples} samples)",
@@ -77,4 +82,10 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     )
     probe.add_argument("--split", type=text, default="train", help="split whose first shard is read")
     probe.add_argument("--wait", type=seconds, default=0, help="retry for up to this many seconds (0: once)")
+    probe.add_argument(
+        "--verify-shards",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check the shard read against the sha256 and size in the index",
+    )
     probe.set_defaults(func=cmd_probe)
