@@ -19,7 +19,7 @@ import torch
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.loading.dali import available as dali_available
-from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
+from imagenet_train.loading.pipeline import EpochLoader, ShardReading, ShardStream, resolve_source
 from imagenet_train.loading.presets import IMAGENET_MEAN, IMAGENET_STD, TrainPreset, normalize
 
 ensure_torchvision()
@@ -40,6 +40,7 @@ def ours(shards: Path, workers: int, decoder: str, normalized: bool = True) -> f
         batch_size=BATCH,
         resampled=False,
         shuffle_buffer=1000,
+        reading=ShardReading(expected=source.expected),  # as in training: sizes and sha256 checked when known
     )
     return _timed(EpochLoader(stream, workers), (lambda batch: normalize(batch[0])) if normalized else (lambda b: b[0]))
 

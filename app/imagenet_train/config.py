@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.planning.plan import Mode
 from imagenet_train.settings import check, declared, flag, problem, setting
 
@@ -84,7 +85,22 @@ class DataConfig:
         choices=BROKEN_SHARD_POLICIES,
     )
     cache_dir: str = setting(
-        "", "node-local directory to keep copies of remote shards in, so later epochs read local disk"
+        "",
+        "node-local directory to keep copies of remote shards in, so later epochs read local disk; with "
+        "--verify-shards each shard is checked there before any of it is used",
+    )
+    verify_shards: bool = setting(
+        True,
+        "check every shard against the sha256 and size in the index while reading it (about 3 percent of the "
+        "decode's CPU time); a mismatch is a broken shard, found at the shard's end (before use with "
+        "--cache-dir); protects only as far as the index itself is trusted",
+    )
+    max_image_pixels: int = setting(
+        MAX_IMAGE_PIXELS,
+        "refuse images whose header claims more pixels than this before decoding them (a corrupt sample); "
+        "bounds each worker's memory per image at pixels x 3 bytes (0: no cap)",
+        minimum=0,
+        maximum=1 << 32,
     )
     loader_timeout: float = setting(
         1200.0,

@@ -7,6 +7,7 @@ import json
 import os
 
 from imagenet_train.config import setting_help
+from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.settings import choice, number, text
 
 
@@ -22,6 +23,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
         resize=args.resize or None,
         quality=args.quality,
         verify=args.verify,
+        max_pixels=args.max_image_pixels,
     )
     output = args.output
     if output.startswith("gs://"):
@@ -117,6 +119,12 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
         default="full",
         type=choice("full", "header"),
         help="full: decode every image (catches any corruption); header: header and end marker (I/O speed)",
+    )
+    shards.add_argument(
+        "--max-image-pixels",
+        type=number(int, 0, 1 << 32),
+        default=MAX_IMAGE_PIXELS,
+        help="skip (and list) images whose header claims more pixels than this, before decoding them (0: no cap)",
     )
     shards.add_argument("--val-labels", default=None, help="LOC_val_solution.csv or '<file> <wnid>' lines")
     shards.add_argument("--list", type=count, default=20, help="skipped/re-encoded files to list")

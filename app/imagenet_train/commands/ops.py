@@ -44,11 +44,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
         location = shards_url(document, document["name"])
     if not location:
         raise ImagenetTrainError("probe: give the shard index (LOCATION) or --deployment FILE")
-    trust = args.trust_index
+    trust, verify = args.trust_index, args.verify_shards
     result = (
-        wait_for(location, args.wait, split=args.split, trust_index=trust)
+        wait_for(location, args.wait, split=args.split, trust_index=trust, verify=verify)
         if args.wait
-        else probe(location, args.split, trust_index=trust)
+        else probe(location, args.split, trust_index=trust, verify=verify)
     )
     print(
         f"{result.index}: {result.samples} {args.split} samples in {result.shards} shards; "
@@ -84,4 +84,10 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     probe.add_argument("--split", type=text, default="train", help="split whose first shard is read")
     probe.add_argument("--wait", type=seconds, default=0, help="retry for up to this many seconds (0: once)")
     probe.add_argument("--trust-index", action="store_true", help=setting_help("trust_index"))
+    probe.add_argument(
+        "--verify-shards",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check the shard read against the sha256 and size in the index",
+    )
     probe.set_defaults(func=cmd_probe)

@@ -16,11 +16,16 @@ def _plan_setup(args: argparse.Namespace) -> None:
     from imagenet_train.planning import plan
 
     urls: list[str] = []
+    args.expected = {}
     if args.shards:
         from imagenet_train.datasets.index import load_index
 
         index = load_index(args.shards, trust_index=args.trust_index)
         sizes, urls = index.sizes("train"), index.urls("train")
+        if args.simulate and args.verify_shards:
+            from imagenet_train.loading.pipeline import expected_shards
+
+            args.expected = expected_shards(index, ["train"])
     elif args.shard_sizes:
         try:
             sizes = [int(size) for size in args.shard_sizes.split(",")]
@@ -51,7 +56,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise ImagenetTrainError("--simulate reads the real shards: give --shards INDEX")
         from imagenet_train.loading.simulate import simulate
 
-        simulated = simulate(urls, setup)
+        simulated = simulate(urls, setup, args.expected)
     if setup.mode is plan.Mode.QUEUE:  # per-rank shares are dynamic: check that every sample was read once
         got = sum(s.samples for s in simulated or [])
         mismatches = (
@@ -133,5 +138,11 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     planner.add_argument("--show-workers", action="store_true", help="list the shards of every worker")
     planner.add_argument("--simulate", action="store_true", help="run the real loaders over the real shards")
     planner.add_argument("--show-open", action="store_true", help="with --simulate: shards each worker opened")
+    planner.add_argument(
+        "--verify-shards",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --simulate: check every shard read against the sha256 and size in the index",
+    )
     planner.add_argument("--json", action="store_true", help="machine-readable output")
     planner.set_defaults(func=cmd_plan, check=_plan_setup)

@@ -18,6 +18,7 @@ from imagenet_train.datasets import images
 from imagenet_train.datasets.index import INDEX_KIND, INDEX_NAME, write_json_atomic
 from imagenet_train.datasets.layouts import Dataset, SourceImage, discover
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class ShardOptions:
     resize: int | None = None
     quality: int = 90
     verify: str = "full"  # images.VERIFY: "full" decodes every image, "header" checks header and end marker
+    max_pixels: int = MAX_IMAGE_PIXELS  # larger images are skipped (and listed) from their header
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ def write_shard(job: ShardJob, output: str, class_index: dict[str, int], options
     with sink, tarfile.open(fileobj=sink, mode="w", format=tarfile.USTAR_FORMAT) as archive:
         for image in job.images:
             try:
-                data, note = images.prepare(image.read(), options.resize, options.quality, options.verify)
+                data, note = images.prepare(
+                    image.read(), options.resize, options.quality, options.verify, options.max_pixels
+                )
             except images.UnusableImage as reason:
                 skipped.append({"source": image.describe(), "reason": str(reason)})
                 continue

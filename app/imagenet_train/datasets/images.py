@@ -8,6 +8,8 @@ import warnings
 import simplejpeg
 from PIL import Image
 
+from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS, ImageTooLarge, check_pixels, open_checked
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -15,12 +17,14 @@ class UnusableImage(Exception):
     """A source file that cannot become a training sample (the reason is the message)."""
 
 
-def _reencode(data: bytes, short_side: int | None, quality: int) -> bytes:
+def _reencode(data: bytes, short_side: int | None, quality: int, max_pixels: int) -> bytes:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            image = Image.open(io.BytesIO(data))
+            image = open_checked(data, max_pixels)
             image.load()
+    except ImageTooLarge as error:
+        raise UnusableImage(str(error)) from None
     except Exception as error:
         raise UnusableImage(f"not a decodable image ({type(error).__name__}: {error})") from None
     image = image.convert("RGB")
@@ -37,9 +41,16 @@ VERIFY = ("full", "header")
 
 
 def prepare(
-    data: bytes, short_side: int | None = None, quality: int = 90, verify: str = "full"
+    data: bytes,
+    short_side: int | None = None,
+    quality: int = 90,
+    verify: str = "full",
+    max_pixels: int = MAX_IMAGE_PIXELS,
 ) -> tuple[bytes, str | None]:
     """Return JPEG bytes for a sample and why it was re-encoded (None: original bytes kept).
+
+    An image whose header claims more than `max_pixels` is skipped before anything is decoded: training
+    would refuse it anyway, and decoding it here would cost width x height x 3 bytes.
 
     verify="full" entropy-decodes every block (catches any corrupt data; ~1 ms per ImageNet image);
     "header" checks the header and the end-of-image marker only (catches truncation, the common damage,
@@ -49,13 +60,17 @@ def prepare(
         raise UnusableImage("empty file")
     if data[:3] != b"\xff\xd8\xff":
         kind = "PNG" if data.startswith(PNG_SIGNATURE) else "non-JPEG"
-        return _reencode(data, short_side, quality), f"{kind} data re-encoded as RGB JPEG"
+        return _reencode(data, short_side, quality, max_pixels), f"{kind} data re-encoded as RGB JPEG"
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError as error:
         raise UnusableImage(f"unreadable JPEG header ({error})") from None
+    try:
+        check_pixels(width, height, max_pixels)
+    except ImageTooLarge as error:
+        raise UnusableImage(str(error)) from None
     if colorspace in ("CMYK", "YCCK"):
-        return _reencode(data, short_side, quality), f"{colorspace} JPEG re-encoded as RGB"
+        return _reencode(data, short_side, quality, max_pixels), f"{colorspace} JPEG re-encoded as RGB"
     if verify == "header":
         # 0xFFD9 cannot occur inside entropy-coded data (0xFF is stuffed there), so a file cut short has none
         # at its end; a few encoders pad after it.
@@ -68,5 +83,5 @@ def prepare(
         except ValueError as error:
             raise UnusableImage(f"corrupt JPEG ({error})") from None
     if short_side and min(height, width) > short_side:
-        return _reencode(data, short_side, quality), None
+        return _reencode(data, short_side, quality, max_pixels), None
     return data, None

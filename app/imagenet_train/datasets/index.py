@@ -71,6 +71,18 @@ class ShardIndex:
         """Each shard's size in bytes as the index records it (None where it does not)."""
         return [shard.get("filesize") for shard in self.shards(split)]
 
+    def checksums(self, split: str) -> list[str | None]:
+        """Each shard's sha256 as the index records it (None where it does not); a malformed one is refused."""
+        from imagenet_train.io.integrity import is_sha256
+
+        sums = [shard.get("sha256") for shard in self.shards(split)]
+        for shard, value in zip(self.shards(split), sums, strict=True):
+            if value is not None and not is_sha256(value):
+                raise ImagenetTrainError(
+                    f"{self.location}: shard '{str(shard.get('url'))[:80]}': sha256 is not 64 lowercase hex digits"
+                )
+        return sums
+
     def nsamples(self, split: str) -> int:
         return sum(self.sizes(split))
 

@@ -1,14 +1,24 @@
 """A node-local shard cache: the first read of a remote shard also writes it to local disk, later
 epochs read the local copy. Complete copies only: a copy appears under its final name after the
-whole shard was read."""
+whole shard was read.
+
+With a sha256 from the index (`open_verified`), no byte of a shard is used before it matched: the shard is
+fetched whole into the cache and checked before it is renamed into place, and a cached copy is hashed
+again before each use (a damaged or planted copy is fetched anew). Without one, the copy is made while
+the loader reads (`open_cached`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
+import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
+
+from imagenet_train.io.integrity import DigestMismatch, copy_verified
 
 
 def cache_path(cache_dir: str, url: str) -> str:
@@ -21,8 +31,8 @@ class _Tee(io.RawIOBase):
 
     def __init__(self, source: BinaryIO, path: str):
         self.source, self.path = source, path
-        self.temporary = f"{path}.part{os.getpid()}"
-        self.sink = open(self.temporary, "wb")  # noqa: SIM115 (closed in close())
+        descriptor, self.temporary = _temporary(path)
+        self.sink = os.fdopen(descriptor, "wb")  # noqa: SIM115 (closed in close())
         self.complete = False
 
     def readable(self) -> bool:
@@ -63,3 +73,38 @@ def open_cached(url: str, cache_dir: str, open_remote: Callable[[str], BinaryIO]
     if os.path.exists(path):
         return open(path, "rb", buffering=1 << 20)
     return io.BufferedReader(_Tee(open_remote(url), path), buffer_size=1 << 20)
+
+
+def _temporary(path: str) -> tuple[int, str]:
+    """A new file next to `path` that nobody else could have made or linked beforehand (O_EXCL)."""
+    return tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.", suffix=".part")
+
+
+def open_verified(
+    url: str, cache_dir: str, open_remote: Callable[[str], BinaryIO], sha256: str, size: int | None
+) -> BinaryIO:
+    """The local copy of `url`, checked against the index's `sha256` (and `size`) before anything is read
+    from it; raises DigestMismatch when the remote shard does not match (nothing is cached then)."""
+    os.makedirs(cache_dir, exist_ok=True)
+    path = cache_path(cache_dir, url)
+    if os.path.exists(path):
+        local = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 (returned, or closed below)
+        try:
+            copy_verified(local, None, sha256, size)
+        except DigestMismatch:
+            local.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        else:
+            local.seek(0)
+            return local
+    descriptor, temporary = _temporary(path)
+    try:
+        with os.fdopen(descriptor, "wb") as sink, open_remote(url) as remote:
+            copy_verified(remote, sink, sha256, size)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return open(path, "rb", buffering=1 << 20)

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS, check_image
 from imagenet_train.loading.presets import IMAGENET_MEAN, IMAGENET_STD
 
 Batch = tuple[torch.Tensor, torch.Tensor, list]
@@ -28,8 +29,14 @@ def available() -> bool:
     return importlib.util.find_spec("nvidia.dali") is not None
 
 
-def jpeg_bytes(data: bytes) -> torch.Tensor:
-    """The loader's transform under --decoder dali: the encoded bytes, untouched, as a uint8 tensor."""
+def jpeg_bytes(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
+    """The loader's transform under --decoder dali: the encoded bytes, untouched, as a uint8 tensor.
+
+    DALI decodes in its own pipeline, where one oversize image would fail the whole batch (or exhaust GPU
+    memory); so the pixel cap is applied here, in the loader's worker, from the header (~1 us), and an
+    oversize image is skipped and counted as a corrupt sample before it ever reaches DALI.
+    """
+    check_image(data, max_pixels)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 

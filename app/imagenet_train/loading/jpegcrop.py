@@ -10,15 +10,14 @@ image is resized. Progressive, CMYK and anything libjpeg-turbo cannot read take 
 
 from __future__ import annotations
 
-import io
 from fractions import Fraction
 
 import numpy as np
 import torch
-from PIL import Image
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.loading.crops import Box, random_resized_crop_box
+from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
 
 ensure_torchvision()
 from torchvision.transforms.v2 import functional  # noqa: E402
@@ -48,8 +47,14 @@ def resize_box(image: np.ndarray, box: tuple[float, float, float, float], size: 
 class FusedCropDecoder:
     """bytes → uint8 CHW tensor of a random resized crop (and flip), decoding only what the crop needs."""
 
-    def __init__(self, size: int = 224, scale: tuple[float, float] = (0.08, 1.0), hflip: bool = True):
-        self.size, self.scale, self.hflip = size, scale, hflip
+    def __init__(
+        self,
+        size: int = 224,
+        scale: tuple[float, float] = (0.08, 1.0),
+        hflip: bool = True,
+        max_pixels: int = MAX_IMAGE_PIXELS,
+    ):
+        self.size, self.scale, self.hflip, self.max_pixels = size, scale, hflip, max_pixels
         self._jpeg = None
         self.fused = self.fallbacks = 0  # how often each path ran, for benchmarks and tests
 
@@ -71,6 +76,8 @@ class FusedCropDecoder:
             width, height, subsample, colorspace = self.jpeg.decode_header(data)
         except OSError:
             width = 0
+        else:
+            check_pixels(width, height, self.max_pixels)  # before either path allocates for the image
         if not width or colorspace in (TJCS_CMYK, TJCS_YCCK) or subsample not in MCU or SOF2 in data[:65536]:
             image, box = self._plain(data)
         else:
@@ -105,7 +112,7 @@ class FusedCropDecoder:
     def _plain(self, data: bytes) -> tuple[torch.Tensor, Box]:
         """Full decode (PIL handles CMYK, progressive and non-JPEG), then the same crop."""
         self.fallbacks += 1
-        with Image.open(io.BytesIO(data)) as image:
+        with open_checked(data, self.max_pixels) as image:
             array = np.asarray(image.convert("RGB"))
         box = random_resized_crop_box(array.shape[0], array.shape[1], self.scale)
         region = (box.left, box.top, box.left + box.width, box.top + box.height)

@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import storage, tarstream
-from imagenet_train.io.cache import open_cached
+from imagenet_train.io.cache import open_cached, open_verified
+from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
 from imagenet_train.loading.epochstate import EpochState, EpochStateFile, read_epoch_state
 from imagenet_train.planning import plan
 
@@ -63,6 +64,18 @@ class ShardInfo:
 
     samples: int
     filesize: int | None = None
+    sha256: str | None = None
+
+
+def expected_shards(index, splits: Iterable[str]) -> dict[str, ShardInfo]:
+    """What a loaded shard index (datasets.index.ShardIndex) says each shard of `splits` holds, by URL."""
+    return {
+        url: ShardInfo(samples, filesize, sha256)
+        for split in splits
+        for url, samples, filesize, sha256 in zip(
+            index.urls(split), index.sizes(split), index.filesizes(split), index.checksums(split), strict=True
+        )
+    }
 
 
 class DamageCounters:
@@ -93,18 +106,45 @@ def _warn_once(url: str, message: str, *args) -> None:
         log.warning(message, url, *args)
 
 
+_mismatched: set[str] = set()  # shards this process found not to match their index: never read again
+
+
 @dataclass(frozen=True)
 class ShardReading:
-    """How a rank's workers read shards: the I/O budget, what to do with damage, and what to expect."""
+    """How a rank's workers read shards: the I/O budget, what to do with damage, and what to expect.
+
+    `verify`: check each shard against the sha256 (and size) its index records. Without a cache the bytes
+    are hashed as they are read, so a mismatch is known only at the shard's end, after its samples were
+    yielded; holding a whole shard back (~100s of MB per open shard, 4 per worker when resampled) is not an
+    option. The shard is then counted broken, named in a warning (a hard error under --on-broken-shard fail)
+    and never read again by this process. With --cache-dir, a remote shard is fetched whole into the cache
+    and checked before any sample is read from it (MosaicML streaming and FFCV do the same), at the price of
+    no longer overlapping the first download of each shard with its decoding.
+    """
 
     io_timeout: float = 900.0
     on_broken: str = "skip"
     expected: Mapping[str, ShardInfo] = field(default_factory=dict)
     cache_dir: str = ""
+    verify: bool = True
+
+    def checksum(self, url: str) -> str | None:
+        """The sha256 to check `url` against, or None when not verifying or the index records none."""
+        expected = self.expected.get(url)
+        return expected.sha256 if self.verify and expected else None
+
+    def cached(self, url: str) -> bool:
+        """Whether `url` is read through the node-local cache."""
+        return bool(self.cache_dir) and storage.is_url(url)
 
     def open(self, url: str):
-        if self.cache_dir and storage.is_url(url):
-            return open_cached(url, self.cache_dir, lambda u: storage.open_stream(u, self.io_timeout))
+        """The shard's bytes: from the cache (checked before use when verifying), or straight from `url`."""
+        remote = lambda u: storage.open_stream(u, self.io_timeout)  # noqa: E731
+        if self.cached(url):
+            sha256 = self.checksum(url)
+            if sha256:
+                return open_verified(url, self.cache_dir, remote, sha256, self.expected[url].filesize)
+            return open_cached(url, self.cache_dir, remote)
         return storage.open_stream(url, self.io_timeout)
 
 
@@ -123,25 +163,46 @@ def read_shards(
     empty = 0
     for url in urls:
         expected = reading.expected.get(url)
+        sha256 = reading.checksum(url)
         count = 0
         try:
+            if sha256 and url in _mismatched:
+                raise DigestMismatch("did not match its index's sha256 when read before; not read again")
             with reading.open(url) as stream:
                 size = storage.stream_size(stream)
                 if expected and expected.filesize and size is not None and size != expected.filesize:
                     _warn_once(url, "shard %s is %d bytes; the index says %d", size, expected.filesize)
-                for sample in samples_in_tar(stream, url):
+                # A cached shard was checked before it was opened; any other is hashed while it is read.
+                verifying = None
+                if sha256 and not reading.cached(url):
+                    verifying = VerifyingReader(stream, sha256, expected.filesize if expected else None)
+                for sample in samples_in_tar(verifying or stream, url):
                     count += 1
                     yield sample
-        except BrokenShard as error:
+                if verifying:
+                    verifying.finish()
+        except (BrokenShard, DigestMismatch) as error:
+            if isinstance(error, DigestMismatch) and sha256:
+                _mismatched.add(url)
             if reading.on_broken == "fail":
                 raise ImagenetTrainError(f"{url}: broken shard ({error}; --on-broken-shard fail)") from None
             lost = max(0, expected.samples - count) if expected else 0
             if counters:
                 counters.add(DamageCounters.BROKEN)
                 counters.add(DamageCounters.LOST, lost)
-            _warn_once(
-                url, "broken shard %s: %s; kept %d samples, lost %s", error, count, lost if expected else "unknown"
-            )
+            if isinstance(error, DigestMismatch) and count:
+                _warn_once(
+                    url,
+                    "broken shard %s: %s; its %d samples were ALREADY USED (the mismatch shows only at the "
+                    "shard's end; --cache-dir checks every shard before use), lost %d",
+                    error,
+                    count,
+                    lost,
+                )
+            else:
+                _warn_once(
+                    url, "broken shard %s: %s; kept %d samples, lost %s", error, count, lost if expected else "unknown"
+                )
         empty = 0 if count else empty + 1
         if max_empty is not None and empty >= max_empty:
             raise ImagenetTrainError(f"{url}: {empty} shards in a row held no samples; check the shard list")
@@ -543,13 +604,7 @@ def resolve_source(
         index = load_index(shards, io_timeout=io_timeout, trust_index=trust_index)
         sizes = index.sizes("train")
         splits = [split for split in ("train", "val") if split in index.splits()]
-        expected = {
-            url: ShardInfo(samples, filesize)
-            for split in splits
-            for url, samples, filesize in zip(
-                index.urls(split), index.sizes(split), index.filesizes(split), strict=True
-            )
-        }
+        expected = expected_shards(index, splits)
         return DataSource(
             train_urls=index.urls("train"),
             val_urls=index.urls("val") if "val" in splits else [],

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import simplejpeg
 import torch
-from PIL import Image
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.loading.crops import random_resized_crop_box
+from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402
@@ -22,19 +22,25 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def decode_pil(data: bytes) -> torch.Tensor:
-    """Any PIL-readable bytes to a uint8 CHW RGB tensor."""
-    with Image.open(io.BytesIO(data)) as image:
+def decode_pil(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
+    """Any PIL-readable bytes to a uint8 CHW RGB tensor (refused above `max_pixels`, before decoding)."""
+    with open_checked(data, max_pixels) as image:
         array = np.asarray(image.convert("RGB"))
     return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
 
 
-def decode_rgb(data: bytes) -> torch.Tensor:
-    """JPEG (or any PIL-readable) bytes to a uint8 CHW RGB tensor; libjpeg-turbo first, PIL as fallback."""
+def decode_rgb(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
+    """JPEG (or any PIL-readable) bytes to a uint8 CHW RGB tensor; libjpeg-turbo first, PIL as fallback.
+    An image over `max_pixels` is refused from its header (ImageTooLarge) before anything is decoded."""
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return decode_pil(data, max_pixels)
+    check_pixels(width, height, max_pixels)
     try:
         array = simplejpeg.decode_jpeg(data, colorspace="RGB")
     except ValueError:
-        return decode_pil(data)
+        return decode_pil(data, max_pixels)
     return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
 
 
@@ -78,14 +84,16 @@ class TrainPreset:
     min_scale: float = 0.08
     hflip: bool = True
     decoder: str = "simplejpeg"
+    max_pixels: int = MAX_IMAGE_PIXELS  # images above it are refused from their header (a corrupt sample)
 
     def build(self) -> Callable[[bytes], torch.Tensor]:
         if self.decoder == "fused":
             from imagenet_train.loading.jpegcrop import FusedCropDecoder
 
-            return FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip)
+            return FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip, self.max_pixels)
         crop = RandomResizedCropFlip(self.size, (self.min_scale, 1.0), self.hflip)
-        return DecodeThen(decode_pil if self.decoder == "pil" else decode_rgb, crop)
+        decode = decode_pil if self.decoder == "pil" else decode_rgb
+        return DecodeThen(partial(decode, max_pixels=self.max_pixels), crop)
 
 
 @dataclass(frozen=True)
@@ -94,10 +102,12 @@ class ValPreset:
 
     size: int = 224
     resize: int | None = None
+    max_pixels: int = MAX_IMAGE_PIXELS
 
     def build(self) -> Callable[[bytes], torch.Tensor]:
         resize = self.resize or round(self.size / 0.875)
-        return DecodeThen(decode_rgb, v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(self.size)]))
+        decode = partial(decode_rgb, max_pixels=self.max_pixels)
+        return DecodeThen(decode, v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(self.size)]))
 
 
 _CONSTANTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}

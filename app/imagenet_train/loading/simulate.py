@@ -7,16 +7,18 @@ so the planner's arithmetic can be checked against what really comes out of the 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading.pipeline import ShardReading, ShardStream, batched, read_shards
+from imagenet_train.loading.pipeline import ShardInfo, ShardReading, ShardStream, batched, read_shards
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
 
-READING = ShardReading(io_timeout=0, on_broken="fail")  # the simulation reports damage rather than hiding it
+# The simulation reports damage rather than hiding it; shards the index has a sha256 for are checked against it.
+READING = ShardReading(io_timeout=0, on_broken="fail")
 
 
 @dataclass
@@ -38,7 +40,7 @@ class _Counter:
         return self.next - 1
 
 
-def _stream(urls: list[str], setup: plan.Setup, rank: int, queue=None) -> ShardStream:
+def _stream(urls: list[str], setup: plan.Setup, rank: int, queue=None, reading: ShardReading = READING) -> ShardStream:
     return ShardStream(
         urls=urls,
         transform=None,
@@ -48,22 +50,22 @@ def _stream(urls: list[str], setup: plan.Setup, rank: int, queue=None) -> ShardS
         resampled=setup.mode is Mode.RESAMPLED,
         seed=setup.seed,
         epoch=setup.epoch,
-        reading=READING,
+        reading=reading,
         queue=queue,
         repeat=setup.repeat,
     )
 
 
-def _simulate_queue(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
+def _simulate_queue(urls: list[str], setup: plan.Setup, reading: ShardReading) -> list[SimulatedRank]:
     """All ranks' workers claim shards from one counter, taking turns sample by sample."""
     counter, workers = _Counter(), max(setup.workers, 1)
     results = [SimulatedRank(rank, opened=[[] for _ in range(workers)]) for rank in range(setup.world)]
     streams, counts = {}, {}
     for rank in range(setup.world):
-        stream = _stream(urls, setup, rank, counter)
+        stream = _stream(urls, setup, rank, counter, reading)
         for worker in range(workers):
             shard_urls = _recording(stream.shard_urls(worker, workers), results[rank].opened[worker])
-            streams[rank, worker] = read_shards(shard_urls, READING)
+            streams[rank, worker] = read_shards(shard_urls, reading)
             counts[rank, worker] = 0
     while streams:
         for slot in list(streams):
@@ -108,20 +110,24 @@ class _ShardTally:
             raise ImagenetTrainError(f"{self.url}: holds {self.count} samples, the index says {claimed}")
 
 
-def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
-    """Batches and samples each virtual rank really gets in one epoch of `setup`."""
+def simulate(
+    urls: list[str], setup: plan.Setup, expected: Mapping[str, ShardInfo] | None = None
+) -> list[SimulatedRank]:
+    """Batches and samples each virtual rank really gets in one epoch of `setup`; shards with a sha256 in
+    `expected` (what the index says) are checked against it as they are read."""
+    reading = dataclasses.replace(READING, expected=dict(expected or {}))
     if setup.mode is Mode.QUEUE:
-        return _simulate_queue(urls, setup)
+        return _simulate_queue(urls, setup, reading)
     results = []
     for rank in range(setup.world):
-        stream = _stream(urls, setup, rank)
+        stream = _stream(urls, setup, rank, reading=reading)
         result = SimulatedRank(rank)
         if setup.mode is Mode.SPLIT:
             workers = plan.loader_workers(stream.rank_shards(), setup.workers)
             for worker in range(max(workers, 1)):
                 opened: list[str] = []
                 shard_urls = _recording(stream.shard_urls(worker, max(workers, 1)), opened)
-                keys = (sample["__key__"] for sample in read_shards(shard_urls, READING))
+                keys = (sample["__key__"] for sample in read_shards(shard_urls, reading))
                 for batch in batched(keys, setup.batch_size, partial=True, collate_fn=list):
                     result.batches += 1
                     result.samples += len(batch)
@@ -137,7 +143,7 @@ def simulate(urls: list[str], setup: plan.Setup) -> list[SimulatedRank]:
                 tally.samples(
                     read_shards(
                         tally.urls(_recording(stream.shard_urls(w, workers), opened_lists[w])),
-                        READING,
+                        reading,
                         None,
                         2 * len(urls) + 8,
                     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from imagenet_train.datasets.index import ShardIndex, load_index
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import storage, tarstream
+from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,19 @@ class ProbeResult:
     shard_samples: int
 
 
-def read_shard(url: str, io_timeout: float) -> tuple[int, int]:
-    """Bytes and samples (distinct keys) of one shard, read through the loaders' own opener and tar reader."""
+def read_shard(url: str, io_timeout: float, sha256: str | None = None, size: int | None = None) -> tuple[int, int]:
+    """Bytes and samples (distinct keys) of one shard, read through the loaders' own opener and tar reader;
+    with `sha256` (the index's), the whole shard is checked against it and `size` as it is read."""
     with storage.open_stream(url, io_timeout=io_timeout) as raw:
-        counter = _CountingReader(raw)
+        counter = VerifyingReader(raw, sha256, size) if sha256 else _CountingReader(raw)
         try:
             keys = {name.split(".", 1)[0] for name, _ in tarstream.members(counter)}
+            if sha256:
+                counter.finish()
         except tarstream.TarFormatError as error:
             raise ImagenetTrainError(f"{url}: not a readable tar shard ({error})") from None
+        except DigestMismatch as error:
+            raise ImagenetTrainError(f"{url}: does not match the index: {error}") from None
     return counter.count, len(keys)
 
 
@@ -46,26 +52,35 @@ class _CountingReader:
         return data
 
 
-def probe(location: str, split: str = "train", io_timeout: float = 0.0, trust_index: bool = False) -> ProbeResult:
-    """Load the index and read its first shard of `split`; errors name what failed."""
+def probe(
+    location: str, split: str = "train", io_timeout: float = 0.0, trust_index: bool = False, verify: bool = True
+) -> ProbeResult:
+    """Load the index and read its first shard of `split` (checked against the index's sha256 when `verify`);
+    errors name what failed."""
     index: ShardIndex = load_index(location, io_timeout=io_timeout, trust_index=trust_index)
     urls, sizes = index.urls(split), index.sizes(split)
     if not urls:
         raise ImagenetTrainError(f"{index.location}: split '{split}' lists no shards")
-    nbytes, nsamples = read_shard(urls[0], io_timeout)
+    sha256 = index.checksums(split)[0] if verify else None
+    nbytes, nsamples = read_shard(urls[0], io_timeout, sha256, index.filesizes(split)[0])
     if nsamples != sizes[0]:
         raise ImagenetTrainError(f"{urls[0]}: {nsamples} samples, the index says {sizes[0]}")
     return ProbeResult(index.location, len(urls), sum(sizes), urls[0], nbytes, nsamples)
 
 
 def wait_for(
-    location: str, timeout: float, interval: float = 1.0, split: str = "train", trust_index: bool = False
+    location: str,
+    timeout: float,
+    interval: float = 1.0,
+    split: str = "train",
+    trust_index: bool = False,
+    verify: bool = True,
 ) -> ProbeResult:
     """Probe until it succeeds or `timeout` seconds pass; the last error is reported."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return probe(location, split, trust_index=trust_index)
+            return probe(location, split, trust_index=trust_index, verify=verify)
         except ImagenetTrainError as error:
             if time.monotonic() + interval > deadline:
                 raise ImagenetTrainError(f"{error} (still failing after {timeout:.0f} s)") from None

@@ -4,6 +4,8 @@ train and val loaders."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from imagenet_train.compat import ensure_torchvision
@@ -77,7 +79,7 @@ def preflight_check(cfg: Config, train_sizes: list[int] | None, world: int) -> p
 def shard_reading(cfg: Config, source: DataSource) -> ShardReading:
     """How the loaders read shards: the outage budget, broken-shard policy, expected sizes and cache."""
     data = cfg.data
-    return ShardReading(data.io_timeout, data.on_broken_shard, source.expected, data.cache_dir)
+    return ShardReading(data.io_timeout, data.on_broken_shard, source.expected, data.cache_dir, data.verify_shards)
 
 
 def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Schedule, queue=None) -> EpochLoader:
@@ -85,10 +87,10 @@ def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Sche
     data = cfg.data
     exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
     dali = data.decoder == "dali"  # workers hand over the JPEG bytes; DALI decodes them in the rank
-    preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder)
+    preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder, data.max_image_pixels)
     stream = ShardStream(
         urls=source.train_urls,
-        transform=jpeg_bytes if dali else preset.build(),
+        transform=partial(jpeg_bytes, max_pixels=data.max_image_pixels) if dali else preset.build(),
         collate_fn=pack_jpegs if dali else None,
         batch_size=data.batch_size,
         rank=info.rank,
@@ -117,7 +119,9 @@ def val_loader(cfg: Config, info: DistInfo, source: DataSource) -> EpochLoader |
     dali = data.decoder == "dali"
     stream = ShardStream(
         urls=source.val_urls,
-        transform=jpeg_bytes if dali else ValPreset(data.image_size, data.val_resize or None).build(),
+        transform=partial(jpeg_bytes, max_pixels=data.max_image_pixels)
+        if dali
+        else ValPreset(data.image_size, data.val_resize or None, data.max_image_pixels).build(),
         collate_fn=pack_jpegs if dali else None,
         batch_size=data.batch_size,
         rank=info.rank,

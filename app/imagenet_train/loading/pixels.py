@@ -1,0 +1,62 @@
+"""The pixel cap: an image's size read from its header and refused before any decoder allocates for it.
+
+A JPEG's header may claim 65535 x 65535 px in a file of a few MB (a flat image compresses to ~2 bits per
+8x8 block), and a decoder allocates width x height x 3 bytes before it reads a single block. Every decoder
+path (simplejpeg, PIL, fused PyTurboJPEG, the DALI hand-over, and `shards`) checks the header's size here
+first, so a worker's memory per image is bounded by the cap, whatever the shard says.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+# 8192 x 8192 = 64 Mi px: 192 MiB as decoded RGB, the most one image may cost a worker. ImageNet's largest
+# images are ~4288 x 2848 (12 MP), so this leaves 5x headroom for other photo datasets.
+MAX_IMAGE_PIXELS = 1 << 26
+
+
+class ImageTooLarge(ValueError):
+    """An image whose header claims more pixels than the cap allows."""
+
+
+def check_pixels(width: int, height: int, limit: int) -> None:
+    """Refuse an image of width x height px above `limit` pixels (0: no cap), before it is decoded."""
+    if limit and width * height > limit:
+        raise ImageTooLarge(
+            f"image of {width}x{height} px ({width * height / 1e6:.0f} MP) is over the cap of "
+            f"{limit} px (--max-image-pixels)"
+        )
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from the header alone: libjpeg-turbo's header parse (~1 us), PIL's lazy open otherwise."""
+    import simplejpeg  # here, not at the top: config.py imports this module for the cap's default
+
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        with open_checked(data, 0) as image:
+            return image.size
+    return width, height
+
+
+def check_image(data: bytes, limit: int) -> None:
+    """Refuse encoded image bytes whose header claims more than `limit` pixels."""
+    check_pixels(*image_size(data), limit)
+
+
+def open_checked(data: bytes, limit: int) -> Image.Image:
+    """PIL's lazy open (header only), refused above `limit` pixels before anything is decoded."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    try:
+        check_pixels(*image.size, limit)
+    except ImageTooLarge:
+        image.close()
+        raise
+    return image
