@@ -58,9 +58,9 @@ def micro(shards: Path, before: str, rounds: int) -> dict:
 
     import simplejpeg
 
+    from imagenet_train.datasets.pixels import check_pixels
     from imagenet_train.io import tarstream
     from imagenet_train.loading.pipeline import resolve_source
-    from imagenet_train.loading.pixels import check_pixels
 
     spec = importlib.util.spec_from_file_location("old_tarstream", Path(before) / "imagenet_train/io/tarstream.py")
     old = importlib.util.module_from_spec(spec)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.planning.plan import Mode
 from imagenet_train.settings import check, declared, flag, problem, setting
 

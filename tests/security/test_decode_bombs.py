@@ -96,7 +96,7 @@ def test_training_counts_the_bomb_as_corrupt_on_every_decoder_without_allocating
 
 
 def test_an_image_at_the_cap_still_decodes_and_the_cap_can_be_raised():
-    from imagenet_train.loading.pixels import ImageTooLarge
+    from imagenet_train.datasets.pixels import ImageTooLarge
     from imagenet_train.loading.presets import decode_rgb
 
     image = flat_jpeg(300, 200)

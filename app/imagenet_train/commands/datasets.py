@@ -7,7 +7,7 @@ import json
 import os
 
 from imagenet_train.config import setting_help
-from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS
+from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.settings import choice, number, text
 
 

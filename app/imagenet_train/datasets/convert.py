@@ -17,8 +17,8 @@ from tqdm import tqdm
 from imagenet_train.datasets import images
 from imagenet_train.datasets.index import INDEX_KIND, INDEX_NAME, write_json_atomic
 from imagenet_train.datasets.layouts import Dataset, SourceImage, discover
+from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import warnings
 import simplejpeg
 from PIL import Image
 
-from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS, ImageTooLarge, check_pixels, open_checked
+from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, ImageTooLarge, check_pixels, open_checked
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

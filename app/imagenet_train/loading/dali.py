@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_image
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS, check_image
 from imagenet_train.loading.presets import IMAGENET_MEAN, IMAGENET_STD
 
 Batch = tuple[torch.Tensor, torch.Tensor, list]

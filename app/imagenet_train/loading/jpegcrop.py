@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from imagenet_train.compat import ensure_torchvision
+from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
 from imagenet_train.loading.crops import Box, random_resized_crop_box
-from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
 
 ensure_torchvision()
 from torchvision.transforms.v2 import functional  # noqa: E402

@@ -11,8 +11,8 @@ import simplejpeg
 import torch
 
 from imagenet_train.compat import ensure_torchvision
+from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
 from imagenet_train.loading.crops import random_resized_crop_box
-from imagenet_train.loading.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402
