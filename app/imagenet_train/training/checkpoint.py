@@ -159,9 +159,9 @@ def _read(path: Path, what: str):
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        if "weights only load failed" in str(error).lower():
+        if "GLOBAL " in str(error):  # a torch file that needs Python classes or functions to load
             raise ImagenetTrainError(_untrusted(path, what, str(error))) from None
-        raise ImagenetTrainError(f"{path}: unreadable {what} (UnpicklingError)") from None
+        raise ImagenetTrainError(f"{path}: unreadable {what} (not a torch file of tensors and plain data)") from None
     except FileNotFoundError:
         raise ImagenetTrainError(f"{path}: no such {what}") from None
     except Exception as error:
