@@ -109,7 +109,10 @@ def plain(value, where: str = "checkpoint"):
         return value
     if isinstance(value, dict):  # OrderedDict too: module and optimizer state dicts keep their order
         kind = OrderedDict if isinstance(value, OrderedDict) else dict
-        return kind((plain(key, where), plain(item, f"{where}[{key!r}]")) for key, item in value.items())
+        result = kind((plain(key, where), plain(item, f"{where}[{key!r}]")) for key, item in value.items())
+        if isinstance(getattr(value, "_metadata", None), dict):  # a module state dict's per-module versions
+            result._metadata = plain(value._metadata, where)
+        return result
     if isinstance(value, (list, tuple)):
         items = [plain(item, f"{where}[{i}]") for i, item in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)  # a namedtuple becomes a plain tuple
