@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from imagenet_train.planning import plan
 from imagenet_train.planning.position import Position
@@ -54,9 +53,9 @@ def run_until_killed(args: list[str], run_dir: Path, tmp: Path, timeout: float =
 
 
 def _checkpoint_position(run_dir: Path) -> Position:
-    from imagenet_train.training.checkpoint import latest
+    from imagenet_train.training.checkpoint import latest, load
 
-    state = torch.load(latest(str(run_dir)), map_location="cpu", weights_only=False)
+    state = load(latest(str(run_dir)))  # weights_only=True: the checkpoint is tensors and plain data
     return Position.from_dict(state["position"])
 
 

@@ -17,10 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 
 from imagenet_train.planning.position import Position
-from imagenet_train.training.checkpoint import latest
+from imagenet_train.training.checkpoint import latest, load
 from imagenet_train.training.key_log import epoch_folder
 
 from conftest import CHECKPOINTING_TRAIN, child_pids
@@ -233,7 +232,7 @@ def outcome_of(code: int, text: str) -> str:
 
 def checkpoint_position(run_dir) -> Position:
     """The data position saved in the newest checkpoint of a run directory."""
-    state = torch.load(latest(str(run_dir)), map_location="cpu", weights_only=False)
+    state = load(latest(str(run_dir)))  # weights_only: the checkpoint is tensors and plain data
     return Position.from_dict(state["position"])
 
 

@@ -19,6 +19,7 @@ from imagenet_train.datasets.index import INDEX_KIND, INDEX_NAME, write_json_ato
 from imagenet_train.datasets.layouts import Dataset, SourceImage, discover
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io.atomic import atomic_write
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,8 @@ def _add(archive: tarfile.TarFile, name: str, data: bytes) -> None:
 class _DigestingWriter(io.RawIOBase):
     """A file that hashes what is written to it, so a shard is never read back just to checksum it."""
 
-    def __init__(self, path: str):
-        self.file = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 - closed in close()
+    def __init__(self, file: io.BufferedIOBase):
+        self.file = file
         self.md5, self.sha256, self.size = hashlib.md5(), hashlib.sha256(), 0
 
     def writable(self) -> bool:
@@ -94,17 +95,19 @@ class _DigestingWriter(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self.file.close()
+            self.file.flush()  # the file is its owner's (atomic_write) to close
         super().close()
 
 
 def write_shard(job: ShardJob, output: str, class_index: dict[str, int], options: ShardOptions) -> dict:
     """Write one shard (temp file, then rename) and return its index entry with what was skipped."""
     path = os.path.join(output, job.name)
-    temporary = f"{path}.tmp{os.getpid()}"
     skipped, reencoded, count = [], [], 0
-    sink = _DigestingWriter(temporary)
-    with sink, tarfile.open(fileobj=sink, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+    with (
+        atomic_write(path, buffering=1 << 20) as file,
+        _DigestingWriter(file) as sink,
+        tarfile.open(fileobj=sink, mode="w", format=tarfile.USTAR_FORMAT) as archive,
+    ):
         for image in job.images:
             try:
                 data, note = images.prepare(
@@ -122,7 +125,6 @@ def write_shard(job: ShardJob, output: str, class_index: dict[str, int], options
             _add(archive, f"{image.key}.cls", str(class_index[image.wnid]).encode())
             _add(archive, f"{image.key}.wnid", image.wnid.encode())
             count += 1
-    os.replace(temporary, path)
     return {
         "url": job.name,
         "nsamples": count,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import storage
+from imagenet_train.io.atomic import atomic_write
 
 INDEX_NAME = "shards.json"
 INDEX_KIND = "wids-shard-index-v1"
@@ -179,13 +180,9 @@ def _count(value: object) -> bool:
 
 def write_json_atomic(path: str, data: dict) -> None:
     """Write JSON so readers never see a half-written file (temp file, fsync, rename)."""
-    temporary = f"{path}.tmp{os.getpid()}"
-    with open(temporary, "w") as stream:
+    with atomic_write(path, "w") as stream:
         json.dump(data, stream, indent=1)
         stream.write("\n")
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(temporary, path)
 
 
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\.[^/]*)$")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io.atomic import atomic_write, replacing
 from imagenet_train.io.resumable import Opened, Transient, call, is_local
 
 T = TypeVar("T")
@@ -291,32 +292,24 @@ def _upload_resumable(blob, path: str, url: str) -> None:
 
 def _write_json(path: str, data: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    temporary = f"{path}.tmp{os.getpid()}"
-    with open(temporary, "w") as stream:
+    with atomic_write(path, "w") as stream:
         json.dump(data, stream)
-    os.replace(temporary, path)
 
 
 def download(url: str, path: str, io_timeout: float = 900.0) -> ObjectInfo:
     """Download to a temporary name, verify the checksum, then rename into place."""
     bucket, name = split(url)
-    temporary = f"{path}.part{os.getpid()}"
 
-    def fetch():
-        blob = client().bucket(bucket).get_blob(name, retry=None)
-        if blob is None:
-            raise missing(url)
-        try:
-            blob.download_to_filename(temporary, checksum="crc32c")
-        except Exception:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            raise
-        return blob
+    with replacing(path) as temporary:
 
-    blob = _waiting_out_outages(url, io_timeout, fetch)
-    if file_crc32c(temporary) != blob.crc32c:
-        os.unlink(temporary)
-        raise ImagenetTrainError(f"{url}: downloaded bytes do not match the stored checksum")
-    os.replace(temporary, path)
+        def fetch():
+            blob = client().bucket(bucket).get_blob(name, retry=None)
+            if blob is None:
+                raise missing(url)
+            blob.download_to_filename(temporary, checksum="crc32c")  # truncates what a failed attempt left
+            return blob
+
+        blob = _waiting_out_outages(url, io_timeout, fetch)
+        if file_crc32c(temporary) != blob.crc32c:
+            raise ImagenetTrainError(f"{url}: downloaded bytes do not match the stored checksum")
     return ObjectInfo(name, blob.size, blob.crc32c)

@@ -16,6 +16,7 @@ import io
 import logging
 import os
 import random
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -93,18 +94,45 @@ def describe(error: BaseException) -> str:
 
 
 def _node_may_log() -> bool:
-    """At most one waiting line per minute per node, across all ranks and DataLoader workers on it."""
-    folder = os.path.join(tempfile.gettempdir(), f"imagenet-train-{os.getuid()}")
-    os.makedirs(folder, exist_ok=True)
-    stamp = os.path.join(folder, "io-wait.stamp")
-    with open(stamp, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        now, last = time.time(), os.stat(stamp)
+    """At most one waiting line per minute per node, across all ranks and DataLoader workers on it.
+
+    The stamp lives in a per-user folder under $TMPDIR that must be ours, a real directory and closed to
+    others; the stamp is opened without following links. Where that cannot be had, every wait is logged:
+    a log throttle is never worth a failed run or a write through someone else's link.
+    """
+    try:
+        handle = _open_stamp()
+    except OSError:
+        return True
+    with os.fdopen(handle, "a") as stream:
+        fcntl.flock(stream, fcntl.LOCK_EX)
+        now, last = time.time(), os.fstat(stream.fileno())
         if last.st_size and now - last.st_mtime < LOG_EVERY_S:
             return False
-        handle.write(".")
-        os.utime(stamp, (now, now))
+        stream.write(".")
+        stream.flush()
+        os.utime(stream.fileno(), (now, now))
         return True
+
+
+def _open_stamp() -> int:
+    """The node's I/O-wait stamp, opened for appending; OSError where the folder or file is not safely ours."""
+    folder = os.path.join(tempfile.gettempdir(), f"imagenet-train-{os.geteuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise PermissionError(f"{folder}: not this user's directory")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(folder, 0o700)  # made by an older version with the umask's mode: ours, so close it
+    # O_NONBLOCK: a planted FIFO fails at once instead of blocking the open.
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    handle = os.open(os.path.join(folder, "io-wait.stamp"), flags, 0o600)
+    info = os.fstat(handle)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(handle)
+        raise PermissionError("io-wait.stamp: not this user's file")
+    return handle
 
 
 def call(url: str, budget: float, attempt: Callable[[], object]):

@@ -1,17 +1,25 @@
-"""Per-epoch loader settings handed to persistent DataLoader workers through a small file.
+"""Per-epoch loader settings handed to persistent DataLoader workers through a small JSON file.
 
 Persistent workers keep the copy of the dataset they were started with; what the training process changes
 between epochs (the epoch, a resumed epoch's consumed keys and tag, the epoch length) reaches them here.
+The file lives in a folder this process made for itself (mode 0700, under $TMPDIR), is replaced atomically
+under a fresh random name, is plain JSON (never a pickle), and goes when the loader closes or the process ends.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
-import pickle
+import shutil
+import stat
 import tempfile
 import weakref
 from dataclasses import dataclass
+
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io.atomic import atomic_write
+
+STATE_NAME = "state.json"
 
 
 @dataclass(frozen=True)
@@ -23,30 +31,75 @@ class EpochState:
     resume_tag: str
     batches: int | None
 
+    def to_json(self) -> str:
+        """The state as JSON (keys as a sorted list)."""
+        return json.dumps(
+            {
+                "epoch": self.epoch,
+                "skip_keys": sorted(self.skip_keys),
+                "resume_tag": self.resume_tag,
+                "batches": self.batches,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> EpochState:
+        """Parse what `to_json` wrote; anything else is a ValueError."""
+        data = json.loads(text)
+        keys, batches = data["skip_keys"], data["batches"]
+        if not (
+            isinstance(data["epoch"], int)
+            and isinstance(data["resume_tag"], str)
+            and isinstance(keys, list)
+            and all(isinstance(key, str) for key in keys)
+            and (batches is None or isinstance(batches, int))
+        ):
+            raise ValueError("unexpected field types")
+        return cls(data["epoch"], frozenset(keys), data["resume_tag"], batches)
+
 
 class EpochStateFile:
     """A private file the training process rewrites before each epoch and its workers read at its start."""
 
     def __init__(self) -> None:
-        handle, self.path = tempfile.mkstemp(prefix="imagenet-train-epoch-", suffix=".pkl")
-        os.close(handle)
-        weakref.finalize(self, _remove, self.path)
+        self.folder = tempfile.mkdtemp(prefix="imagenet-train-epoch-")  # 0700, a fresh name: no one else's
+        self.path = os.path.join(self.folder, STATE_NAME)
+        # Only the creating process removes it: a forked child that exits normally must not take it away.
+        self._finalizer = weakref.finalize(self, _remove, self.folder, os.getpid())
 
     def write(self, state: EpochState) -> None:
         """Replace the file atomically, so a worker never reads half of it."""
-        partial = f"{self.path}.partial"
-        with open(partial, "wb") as stream:
-            pickle.dump(state, stream)
-        os.replace(partial, self.path)
+        _check_private(self.folder)
+        with atomic_write(self.path, "w") as stream:
+            stream.write(state.to_json())
+
+    def close(self) -> None:
+        """Remove the folder and the file (also done when the object is collected or the process exits)."""
+        self._finalizer()
 
 
 def read_epoch_state(path: str) -> EpochState:
-    """The settings the training process wrote for the coming epoch."""
-    with open(path, "rb") as stream:
-        return pickle.load(stream)
+    """The settings the training process wrote for the coming epoch, from a folder only this user can write."""
+    try:
+        _check_private(os.path.dirname(path))
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(handle) as stream:
+            if os.fstat(stream.fileno()).st_uid != os.geteuid():
+                raise ImagenetTrainError(f"{path}: the loader's epoch state is not this user's file")
+            return EpochState.from_json(stream.read())
+    except OSError as error:
+        raise ImagenetTrainError(f"{path}: cannot read the loader's epoch state ({error.strerror})") from None
+    except (ValueError, KeyError, TypeError):
+        raise ImagenetTrainError(f"{path}: the loader's epoch state is not what this program wrote") from None
 
 
-def _remove(path: str) -> None:
-    for name in (path, f"{path}.partial"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
+def _check_private(folder: str) -> None:
+    """The folder is a real directory of this user that no one else may enter; else an error naming it."""
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) != 0o700:
+        raise ImagenetTrainError(f"{folder}: expected a private directory of this user (mode 0700), refused")
+
+
+def _remove(folder: str, owner: int) -> None:
+    if os.getpid() == owner:
+        shutil.rmtree(folder, ignore_errors=True)

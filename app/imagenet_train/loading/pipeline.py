@@ -498,9 +498,7 @@ class EpochLoader:
         dynamic = stream.resampled or stream.queue is not None
         self.workers = workers if dynamic else plan.loader_workers(stream.rank_shards(), workers)
         self.pin_memory, self.timeout, self.persistent = pin_memory, timeout, persistent and self.workers > 0
-        self.state = EpochStateFile() if self.workers else None
-        if self.state:
-            stream.state_file = self.state.path
+        self.state: EpochStateFile | None = None  # made on the first epoch, removed by close()
         self.loader: DataLoader | None = None
 
     def set_epoch(self, epoch: int) -> None:
@@ -531,7 +529,10 @@ class EpochLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         self.stream.batches = self.batches if self.stream.resampled else None
-        if self.state:
+        if self.workers:
+            if self.state is None:
+                self.state = EpochStateFile()
+                self.stream.state_file = self.state.path
             self.state.write(self.stream.epoch_state())
         with main_script_hidden():
             batches = iter(self._data_loader())  # starts the workers (the first time, when they persist)
@@ -549,10 +550,13 @@ class EpochLoader:
                 _shutdown(batches)
 
     def close(self) -> None:
-        """Stop the persistent workers (they also stop when the loader is garbage-collected)."""
+        """Stop the persistent workers and remove the epoch state (both also go when the loader is collected)."""
         if self.loader is not None:
             _shutdown(getattr(self.loader, "_iterator", None))
             self.loader = None
+        if self.state is not None:
+            self.state.close()
+            self.state = None
 
 
 def _shutdown(batches) -> None:

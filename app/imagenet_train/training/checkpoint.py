@@ -1,16 +1,26 @@
-"""Checkpoints written atomically (temp file, fsync, rename) and found again for --resume."""
+"""Checkpoints written atomically (temp file, fsync, rename) and found again for --resume.
+
+A checkpoint holds tensors and plain data only (dicts, lists, strings, numbers), so it is read with
+`torch.load(weights_only=True)`: a file planted in a run directory or a results bucket cannot run code.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
+import argparse
+import dataclasses
+import enum
+import pickle
 import re
 import shutil
-from pathlib import Path
+import warnings
+from collections import OrderedDict
+from pathlib import Path, PurePath
 
+import numpy as np
 import torch
 
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io.atomic import atomic_write
 
 _NAME = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{6,}))?\.pt$")
 
@@ -27,18 +37,14 @@ def save(state: dict, path: Path) -> None:
     A full or read-only run directory is one error naming the path and the free space; the previous
     checkpoint stays as it was and no partial file is left behind.
     """
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    state = plain(state)
     writer = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temporary, "wb", buffering=0) as raw:
+        with atomic_write(path, "wb", buffering=0) as raw:
             writer = _Writer(raw)
             torch.save(state, writer)
-            os.fsync(raw.fileno())
-        os.replace(temporary, path)
     except (OSError, RuntimeError) as error:  # torch's zip writer reports a failed write as RuntimeError
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
         cause = writer.error if writer and writer.error else error
         reason = getattr(cause, "strerror", None) or str(cause).splitlines()[0][:120] or type(cause).__name__
         raise ImagenetTrainError(f"{path}: cannot write checkpoint ({reason}; {_free(path.parent)})") from None
@@ -87,12 +93,96 @@ def latest(run_dir: str) -> Path | None:
     return max(found)[2] if found else None
 
 
+_PLAIN = (str, int, float, bool, type(None), bytes, torch.Tensor)
+CHECKPOINT_KEYS = ("epoch", "model", "optimizer", "scaler")
+
+
+def plain(value, where: str = "checkpoint"):
+    """`value` as tensors and plain data that `torch.load(weights_only=True)` reads back.
+
+    Enums become their values, numpy arrays tensors, numpy scalars numbers, dataclasses, argparse results
+    and sets plain dicts and lists, paths strings. Anything else is a TypeError naming where it is.
+    """
+    if isinstance(value, enum.Enum):
+        return plain(value.value, where)
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, dict):  # OrderedDict too: module and optimizer state dicts keep their order
+        kind = OrderedDict if isinstance(value, OrderedDict) else dict
+        result = kind((plain(key, where), plain(item, f"{where}[{key!r}]")) for key, item in value.items())
+        if isinstance(getattr(value, "_metadata", None), dict):  # a module state dict's per-module versions
+            result._metadata = plain(value._metadata, where)
+        return result
+    if isinstance(value, (list, tuple)):
+        items = [plain(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)  # a namedtuple becomes a plain tuple
+    if isinstance(value, (set, frozenset)):
+        return sorted(plain(item, where) for item in value)
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, argparse.Namespace):
+        return plain(vars(value), where)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, where)
+    raise TypeError(f"{where}: {type(value).__name__} is not tensors or plain data")
+
+
 def load(path: Path) -> dict:
-    """Read a checkpoint onto the CPU; a broken file is an error naming it."""
+    """Read a checkpoint of this program onto the CPU (tensors and plain data only); else one error line."""
+    state = _read(path, "checkpoint")
+    if not isinstance(state, dict) or any(key not in state for key in CHECKPOINT_KEYS):
+        raise ImagenetTrainError(
+            f"{path}: not an imagenet-train checkpoint (expected the keys {', '.join(CHECKPOINT_KEYS)})"
+        )
+    return state
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Model weights from a file: a state dict of tensors, or a checkpoint's 'model' entry; else one error line."""
+    state = _read(Path(path), "weights file")
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]
+    if (
+        not isinstance(state, dict)
+        or not state
+        or not all(isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in state.items())
+    ):
+        raise ImagenetTrainError(f"{path}: expected a state dict of tensors (or a checkpoint with a 'model' entry)")
+    return dict(state)
+
+
+def _read(path: Path, what: str):
+    """torch.load with weights_only=True: a file that needs anything beyond tensors and plain data is refused."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: the error says it all
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "GLOBAL " in str(error):  # a torch file that needs Python classes or functions to load
+            raise ImagenetTrainError(_untrusted(path, what, str(error))) from None
+        raise ImagenetTrainError(f"{path}: unreadable {what} (not a torch file of tensors and plain data)") from None
+    except FileNotFoundError:
+        raise ImagenetTrainError(f"{path}: no such {what}") from None
     except Exception as error:
-        raise ImagenetTrainError(f"{path}: unreadable checkpoint ({type(error).__name__})") from None
+        raise ImagenetTrainError(f"{path}: unreadable {what} ({type(error).__name__})") from None
+
+
+def _untrusted(path: Path, what: str, message: str) -> str:
+    """The one line for a file holding Python objects: what it is, and how to convert it if it is trusted."""
+    found = re.search(r"GLOBAL (\S+)", message)
+    named = f", such as {found.group(1).strip('`,.')[:80]}" if found else ""
+    recipe = (
+        "import torch; from imagenet_train.training.checkpoint import plain; "
+        f"p = {str(path)!r}; torch.save(plain(torch.load(p, map_location='cpu', weights_only=False)), p)"
+    )
+    return (
+        f"{path}: this {what} holds Python objects beyond tensors and plain data{named}; loading them could run "
+        f'code, so it is refused. Only if you trust the file, convert it once with: python -c "{recipe}"'
+    )
 
 
 def prune_steps(run_dir: str, keep: Path) -> None:

@@ -175,15 +175,19 @@ class Trainer:
         if not path.is_file():
             raise ImagenetTrainError(f"--resume: checkpoint {path} does not exist")
         state = checkpoint.load(path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.start_epoch = int(state["epoch"]) + 1
-        where = ""
-        if state.get("position"):
-            self.position = Position.from_dict(state["position"])
-            self.start_epoch = self.position.epoch
-            where = f", step {self.position.step}"
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.start_epoch = int(state["epoch"]) + 1
+            where = ""
+            if state.get("position"):
+                self.position = Position.from_dict(state["position"])
+                self.start_epoch = self.position.epoch
+                where = f", step {self.position.step}"
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:  # another model, or a hand-made file
+            reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
+            raise ImagenetTrainError(f"{path}: checkpoint does not fit this run ({reason})") from None
         if self.info.is_main:
             print(f"resumed from {path}: continuing at epoch {self.start_epoch}{where}", flush=True)
 
