@@ -4,6 +4,7 @@ leaves behind in $TMPDIR. The second local user is `nobody`, run through runuser
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import shutil
 import subprocess
@@ -207,6 +208,9 @@ def test_the_io_wait_line_is_still_throttled_per_node(tmp_path, monkeypatch, cap
 
 # -- 4. leftovers in $TMPDIR ---------------------------------------------------------------------------
 def test_a_closed_epoch_loader_leaves_nothing_in_tmpdir(digit_shards, tmp_path, monkeypatch):
+    # multiprocessing makes its own temp folder once per process, at its first use: made here, inside tmp_path,
+    # it would outlive the test and its removal at exit would fail once pytest has removed tmp_path.
+    multiprocessing.util.get_temp_dir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     source = resolve_source(str(digit_shards / "shards.json"))
     stream = ShardStream(source.val_urls, ValPreset(32, 32).build(), batch_size=32, shuffle_buffer=0)
