@@ -102,6 +102,8 @@ def _word(spec: Spec, word: str) -> None:
 def _spec(tokens: _Tokens, stops: set) -> Spec:
     spec = Spec()
     while tokens.peek() not in stops:
+        if tokens.peek() is None:
+            raise ValueError(f"expected {' or '.join(sorted(stops))} at the end")
         token = tokens.take()
         if token == "[":
             spec.items = _spec(tokens, {"]"})
@@ -139,7 +141,7 @@ def describe(spec: Spec, formats: Mapping[str, Format], inferred: str = "") -> s
     elif spec.enum is not None:
         text = ", ".join(f"`{value}`" for value in spec.enum)
     elif spec.kind is not None:
-        kind = formats[spec.kind]
+        kind = formats.get(spec.kind, Format({}, spec.kind))
         text = kind.doc + ((", or null" if kind.empty == "null" else ", or empty") if spec.optional else "")
     else:
         text = inferred
