@@ -17,6 +17,9 @@ from imagenet_train.settings import number, text
 def cmd_serve(args: argparse.Namespace) -> int:
     from imagenet_train.ops.serve import NginxServer
 
+    # Before nginx starts: a SIGTERM that came between the banner and a later handler would end this process
+    # at once and leave nginx running with no one to stop it (seen under load).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with NginxServer(
         args.directory, host=args.host, port=args.port, workers=args.nginx_workers, access_log=args.access_log
     ) as server:
@@ -24,7 +27,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.pid_file:
             with open(args.pid_file, "w") as stream:
                 stream.write(f"{os.getpid()}\n")
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
             while server.process.poll() is None:
                 time.sleep(0.5)

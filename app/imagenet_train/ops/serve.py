@@ -165,7 +165,11 @@ class NginxServer:
         self.process = None
 
     def __enter__(self) -> NginxServer:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a signal's SystemExit mid-start too: never leave an nginx nobody stops
+            self.stop()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()
