@@ -163,3 +163,13 @@ def test_helm_4_and_3_refuse_a_newline_in_every_string_of_values_yaml_at_once(tm
         assert result.returncode != 0 and result.stdout == ""
         missing = [p for p in LEAVES if str(p[-1] if isinstance(p[-1], str) else p[-2]) not in result.stderr]
         assert missing == [], f"{helm} did not name {missing}"
+
+
+@pytest.mark.parametrize("values", [{"launcher": {"kind": "x" * 100_000}}, {"train": {"epochs": ["x" * 1000] * 100}}])
+def test_a_huge_chart_value_is_echoed_clipped_in_render_pys_one_line(tmp_path, values):
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(values))
+    script = _render_py(path)
+    assert script.returncode == 2 and script.stdout == ""
+    assert script.stderr.startswith("render.py: error: values: ") and script.stderr.count("\n") == 1
+    assert len(script.stderr) < 400, script.stderr[:400]

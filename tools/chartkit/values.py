@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from imagenet_train.config import read_mapping
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import CLIP, ImagenetTrainError, clip
 from imagenet_train.launchers.deployment import problems as deployment_problems
 
 from . import CHART_DIR
@@ -74,8 +74,17 @@ def schema_errors(values: dict, schema: dict) -> list[str]:
             path += unknown[:1]
             messages.append(f"{_field(path)}: unknown key (not in values.schema.json)")
         else:
-            messages.append(f"{_field(path)}: {deepest.message}")
+            messages.append(f"{_field(path)}: {_clipped(deepest)}")
     return messages
+
+
+def _clipped(error) -> str:
+    """jsonschema's message with the value it quotes cut to errors.clip's length (it quotes the whole value)."""
+    quoted = repr(error.instance)
+    if len(quoted) > CLIP and error.message.startswith(quoted):
+        shown = repr(clip(error.instance)) if isinstance(error.instance, str) else clip(error.instance)
+        return shown + error.message[len(quoted) :]
+    return error.message
 
 
 def load_values(files: Iterable[str] = (), chart_dir: Path = CHART_DIR) -> dict:
