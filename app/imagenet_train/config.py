@@ -8,18 +8,27 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.loading.options import BrokenShardPolicy, Decoder
 from imagenet_train.planning.plan import Mode
 from imagenet_train.settings import check, declared, flag, problem, setting
 
-MODES = tuple(mode.value for mode in Mode)
-AMP_MODES = ("auto", "bf16", "fp16", "off")
-DECODERS = ("simplejpeg", "fused", "pil", "dali")
-BROKEN_SHARD_POLICIES = ("skip", "fail")
+
+class Amp(str, Enum):
+    """Mixed precision (the value is the --amp word)."""
+
+    AUTO = "auto"  # bf16 on a GPU that has it, else fp16; off on CPU
+    BF16 = "bf16"
+    FP16 = "fp16"
+    OFF = "off"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -37,10 +46,10 @@ class DataConfig:
     train_samples: int = setting(0, "samples in --train-urls (sets the epoch length)", minimum=0)
     num_classes: int = setting(0, "classes (0: from the index)", minimum=0)
     mode: str = setting(
-        "resampled",
+        Mode.RESAMPLED.value,
         "resampled: shards drawn at random, equal batches per rank; split: every sample once, under Join; "
         "queue: every sample once, shards handed out at run time to whichever rank is free",
-        choices=MODES,
+        choices=Mode,
     )
     batch_size: int = setting(256, "batch size per rank", minimum=1, maximum=1 << 20)
     global_batch_size: int = setting(
@@ -58,12 +67,12 @@ class DataConfig:
     min_crop_scale: float = setting(0.08, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1)
     hflip: bool = setting(True, "random horizontal flips")
     decoder: str = setting(
-        "simplejpeg",
+        Decoder.SIMPLEJPEG.value,
         "train-time JPEG decoder: simplejpeg (decode, then crop the uint8 image), fused (crop and DCT-scale "
         "inside libjpeg-turbo via PyTurboJPEG; needs libturbojpeg), pil, or dali (NVIDIA DALI decodes on the GPU "
         "with nvJPEG, fused with crop, flip and normalisation; its CPU backend without a GPU; "
         "pip install 'imagenet-train[dali]')",
-        choices=DECODERS,
+        choices=Decoder,
     )
     shuffle_buffer: int = setting(1000, "samples in each shuffle buffer", minimum=0, maximum=1 << 24)
     epoch_batches: int = setting(
@@ -80,9 +89,9 @@ class DataConfig:
         maximum=7 * 24 * 3600,
     )
     on_broken_shard: str = setting(
-        "skip",
+        BrokenShardPolicy.SKIP.value,
         "a truncated or corrupt shard: skip (keep the samples before the damage, count the rest as lost, warn) or fail",
-        choices=BROKEN_SHARD_POLICIES,
+        choices=BrokenShardPolicy,
     )
     cache_dir: str = setting(
         "",
@@ -131,7 +140,7 @@ class OptimConfig:
 class RunConfig:
     arch: str = setting("resnet50", "torchvision model name")
     epochs: int = setting(90, "epochs to train", minimum=1, maximum=1_000_000)
-    amp: str = setting("auto", "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off", choices=AMP_MODES)
+    amp: str = setting(Amp.AUTO.value, "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off", choices=Amp)
     channels_last: bool = setting(True, "channels-last memory format on GPU")
     compile: bool = setting(
         False,
@@ -193,14 +202,14 @@ class Config:
         data = self.data
         if not data.shards and not data.train_urls:
             raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
-        if data.decoder == "fused":
+        if data.decoder == Decoder.FUSED:
             from imagenet_train.loading.jpegcrop import available
 
             if not available():
                 raise ImagenetTrainError(
                     "--decoder fused: needs PyTurboJPEG 1.8 and libturbojpeg (apt-get install libturbojpeg0)"
                 )
-        if data.decoder == "dali":
+        if data.decoder == Decoder.DALI:
             from imagenet_train.loading.dali import available as dali_available
 
             if not dali_available():

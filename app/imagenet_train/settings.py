@@ -12,6 +12,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from imagenet_train.errors import ImagenetTrainError, clip
@@ -29,7 +30,10 @@ class Setting:
 
 
 def setting(default: Any, help: str, **rules: Any) -> Any:
-    """A dataclass field carrying its Setting (help, minimum/above/maximum, choices)."""
+    """A dataclass field carrying its Setting (help, minimum/above/maximum, choices: words or a str Enum)."""
+    choices = rules.get("choices")
+    if isinstance(choices, type) and issubclass(choices, Enum):
+        rules["choices"] = tuple(member.value for member in choices)
     return field(default=default, metadata={"setting": Setting(help, **rules)})
 
 
