@@ -14,7 +14,8 @@ from typing import Any
 
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.loading.options import BrokenShardPolicy, Decoder
+from imagenet_train.io.resumable import IO_TIMEOUT
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, BrokenShardPolicy, Decoder
 from imagenet_train.planning.plan import Mode
 from imagenet_train.settings import check, declared, flag, problem, setting
 
@@ -60,11 +61,13 @@ class DataConfig:
         maximum=1 << 24,
     )
     workers: int = setting(8, "DataLoader workers per rank", minimum=0, maximum=512)
-    image_size: int = setting(224, "training and evaluation crop size", minimum=1, maximum=8192)
+    image_size: int = setting(CROP_SIZE, "training and evaluation crop size", minimum=1, maximum=8192)
     val_resize: int = setting(
         0, "evaluation resize of the short side before the centre crop (0: size/0.875)", minimum=0, maximum=16384
     )
-    min_crop_scale: float = setting(0.08, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1)
+    min_crop_scale: float = setting(
+        MIN_CROP_SCALE, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1
+    )
     hflip: bool = setting(True, "random horizontal flips")
     decoder: str = setting(
         Decoder.SIMPLEJPEG.value,
@@ -82,7 +85,7 @@ class DataConfig:
         1, "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)", minimum=1
     )
     io_timeout: float = setting(
-        900.0,
+        IO_TIMEOUT,
         "seconds to wait out an outage of the shard server or bucket (capped exponential backoff with jitter) "
         "before failing; long enough for a server pod to be rescheduled",
         minimum=0,
