@@ -16,8 +16,9 @@ from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.resumable import IO_TIMEOUT
 from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, BrokenShardPolicy, Decoder
+from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
-from imagenet_train.settings import check, declared, flag, problem, setting
+from imagenet_train.settings import Setting, check, declared, flag, problem, setting
 
 
 class Amp(str, Enum):
@@ -52,7 +53,7 @@ class DataConfig:
         "queue: every sample once, shards handed out at run time to whichever rank is free",
         choices=Mode,
     )
-    batch_size: int = setting(256, "batch size per rank", minimum=1, maximum=1 << 20)
+    batch_size: int = setting(plan.BATCH_SIZE, "batch size per rank", minimum=1, maximum=1 << 20)
     global_batch_size: int = setting(
         0,
         "batch size over all ranks; when set, each rank's batch is this divided by the world size, which must "
@@ -60,7 +61,7 @@ class DataConfig:
         minimum=0,
         maximum=1 << 24,
     )
-    workers: int = setting(8, "DataLoader workers per rank", minimum=0, maximum=512)
+    workers: int = setting(plan.WORKERS, "DataLoader workers per rank", minimum=0, maximum=512)
     image_size: int = setting(CROP_SIZE, "training and evaluation crop size", minimum=1, maximum=8192)
     val_resize: int = setting(
         0, "evaluation resize of the short side before the centre crop (0: size/0.875)", minimum=0, maximum=16384
@@ -79,10 +80,14 @@ class DataConfig:
     )
     shuffle_buffer: int = setting(1000, "samples in each shuffle buffer", minimum=0, maximum=1 << 24)
     epoch_batches: int = setting(
-        0, "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)", minimum=0
+        plan.EPOCH_BATCHES,
+        "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)",
+        minimum=0,
     )
     repeat: int = setting(
-        1, "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)", minimum=1
+        plan.REPEAT,
+        "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)",
+        minimum=1,
     )
     io_timeout: float = setting(
         IO_TIMEOUT,
@@ -150,7 +155,7 @@ class RunConfig:
         "torch.compile the model (first steps compile; not applied in split/queue mode across ranks, where "
         "Join shadows DDP's collectives)",
     )
-    seed: int = setting(0, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
+    seed: int = setting(plan.SEED, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
     run_dir: str = setting("runs/latest", "directory for config.json, metrics.jsonl and checkpoints")
     results: str = setting("", "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)")
     resume: str = setting("", "'latest' (newest checkpoint in --run-dir) or a checkpoint path")
@@ -255,9 +260,14 @@ def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     return checked
 
 
+def declaration(name: str) -> tuple[dataclasses.Field, Setting]:
+    """A declared setting by name, for the commands besides `train` that take its flag (plan)."""
+    return next((d, rule) for section in SECTIONS for d, rule in declared(section) if d.name == name)
+
+
 def setting_help(name: str) -> str:
-    """The help of a declared setting, for the commands besides `train` that take its flag (plan, probe)."""
-    return next(rule.help for section in SECTIONS for d, rule in declared(section) if d.name == name)
+    """The help of a declared setting, for the commands besides `train` that take its flag (probe, summarize)."""
+    return declaration(name)[1].help
 
 
 MAX_SETTINGS_BYTES = 1 << 20  # config, values and deployment files are a few KB
