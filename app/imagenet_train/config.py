@@ -8,18 +8,29 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.io.resumable import IO_TIMEOUT
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, BrokenShardPolicy, Decoder
+from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
-from imagenet_train.settings import check, declared, flag, problem, setting
+from imagenet_train.settings import Setting, check, declared, flag, problem, setting
 
-MODES = tuple(mode.value for mode in Mode)
-AMP_MODES = ("auto", "bf16", "fp16", "off")
-DECODERS = ("simplejpeg", "fused", "pil", "dali")
-BROKEN_SHARD_POLICIES = ("skip", "fail")
+
+class Amp(str, Enum):
+    """Mixed precision (the value is the --amp word)."""
+
+    AUTO = "auto"  # bf16 on a GPU that has it, else fp16; off on CPU
+    BF16 = "bf16"
+    FP16 = "fp16"
+    OFF = "off"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -37,12 +48,12 @@ class DataConfig:
     train_samples: int = setting(0, "samples in --train-urls (sets the epoch length)", minimum=0)
     num_classes: int = setting(0, "classes (0: from the index)", minimum=0)
     mode: str = setting(
-        "resampled",
+        Mode.RESAMPLED.value,
         "resampled: shards drawn at random, equal batches per rank; split: every sample once, under Join; "
         "queue: every sample once, shards handed out at run time to whichever rank is free",
-        choices=MODES,
+        choices=Mode,
     )
-    batch_size: int = setting(256, "batch size per rank", minimum=1, maximum=1 << 20)
+    batch_size: int = setting(plan.BATCH_SIZE, "batch size per rank", minimum=1, maximum=1 << 20)
     global_batch_size: int = setting(
         0,
         "batch size over all ranks; when set, each rank's batch is this divided by the world size, which must "
@@ -50,39 +61,45 @@ class DataConfig:
         minimum=0,
         maximum=1 << 24,
     )
-    workers: int = setting(8, "DataLoader workers per rank", minimum=0, maximum=512)
-    image_size: int = setting(224, "training and evaluation crop size", minimum=1, maximum=8192)
+    workers: int = setting(plan.WORKERS, "DataLoader workers per rank", minimum=0, maximum=512)
+    image_size: int = setting(CROP_SIZE, "training and evaluation crop size", minimum=1, maximum=8192)
     val_resize: int = setting(
         0, "evaluation resize of the short side before the centre crop (0: size/0.875)", minimum=0, maximum=16384
     )
-    min_crop_scale: float = setting(0.08, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1)
+    min_crop_scale: float = setting(
+        MIN_CROP_SCALE, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1
+    )
     hflip: bool = setting(True, "random horizontal flips")
     decoder: str = setting(
-        "simplejpeg",
+        Decoder.SIMPLEJPEG.value,
         "train-time JPEG decoder: simplejpeg (decode, then crop the uint8 image), fused (crop and DCT-scale "
         "inside libjpeg-turbo via PyTurboJPEG; needs libturbojpeg), pil, or dali (NVIDIA DALI decodes on the GPU "
         "with nvJPEG, fused with crop, flip and normalisation; its CPU backend without a GPU; "
         "pip install 'imagenet-train[dali]')",
-        choices=DECODERS,
+        choices=Decoder,
     )
     shuffle_buffer: int = setting(1000, "samples in each shuffle buffer", minimum=0, maximum=1 << 24)
     epoch_batches: int = setting(
-        0, "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)", minimum=0
+        plan.EPOCH_BATCHES,
+        "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)",
+        minimum=0,
     )
     repeat: int = setting(
-        1, "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)", minimum=1
+        plan.REPEAT,
+        "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)",
+        minimum=1,
     )
     io_timeout: float = setting(
-        900.0,
+        IO_TIMEOUT,
         "seconds to wait out an outage of the shard server or bucket (capped exponential backoff with jitter) "
         "before failing; long enough for a server pod to be rescheduled",
         minimum=0,
         maximum=7 * 24 * 3600,
     )
     on_broken_shard: str = setting(
-        "skip",
+        BrokenShardPolicy.SKIP.value,
         "a truncated or corrupt shard: skip (keep the samples before the damage, count the rest as lost, warn) or fail",
-        choices=BROKEN_SHARD_POLICIES,
+        choices=BrokenShardPolicy,
     )
     cache_dir: str = setting(
         "",
@@ -131,14 +148,14 @@ class OptimConfig:
 class RunConfig:
     arch: str = setting("resnet50", "torchvision model name")
     epochs: int = setting(90, "epochs to train", minimum=1, maximum=1_000_000)
-    amp: str = setting("auto", "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off", choices=AMP_MODES)
+    amp: str = setting(Amp.AUTO.value, "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off", choices=Amp)
     channels_last: bool = setting(True, "channels-last memory format on GPU")
     compile: bool = setting(
         False,
         "torch.compile the model (first steps compile; not applied in split/queue mode across ranks, where "
         "Join shadows DDP's collectives)",
     )
-    seed: int = setting(0, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
+    seed: int = setting(plan.SEED, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
     run_dir: str = setting("runs/latest", "directory for config.json, metrics.jsonl and checkpoints")
     results: str = setting("", "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)")
     resume: str = setting("", "'latest' (newest checkpoint in --run-dir) or a checkpoint path")
@@ -193,14 +210,14 @@ class Config:
         data = self.data
         if not data.shards and not data.train_urls:
             raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
-        if data.decoder == "fused":
+        if data.decoder == Decoder.FUSED:
             from imagenet_train.loading.jpegcrop import available
 
             if not available():
                 raise ImagenetTrainError(
                     "--decoder fused: needs PyTurboJPEG 1.8 and libturbojpeg (apt-get install libturbojpeg0)"
                 )
-        if data.decoder == "dali":
+        if data.decoder == Decoder.DALI:
             from imagenet_train.loading.dali import available as dali_available
 
             if not dali_available():
@@ -243,9 +260,14 @@ def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     return checked
 
 
+def declaration(name: str) -> tuple[dataclasses.Field, Setting]:
+    """A declared setting by name, for the commands besides `train` that take its flag (plan)."""
+    return next((d, rule) for section in SECTIONS for d, rule in declared(section) if d.name == name)
+
+
 def setting_help(name: str) -> str:
-    """The help of a declared setting, for the commands besides `train` that take its flag (plan, probe)."""
-    return next(rule.help for section in SECTIONS for d, rule in declared(section) if d.name == name)
+    """The help of a declared setting, for the commands besides `train` that take its flag (probe, summarize)."""
+    return declaration(name)[1].help
 
 
 MAX_SETTINGS_BYTES = 1 << 20  # config, values and deployment files are a few KB

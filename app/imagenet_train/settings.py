@@ -12,6 +12,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from imagenet_train.errors import ImagenetTrainError, clip
@@ -29,7 +30,10 @@ class Setting:
 
 
 def setting(default: Any, help: str, **rules: Any) -> Any:
-    """A dataclass field carrying its Setting (help, minimum/above/maximum, choices)."""
+    """A dataclass field carrying its Setting (help, minimum/above/maximum, choices: words or a str Enum)."""
+    choices = rules.get("choices")
+    if isinstance(choices, type) and issubclass(choices, Enum):
+        rules["choices"] = tuple(member.value for member in choices)
     return field(default=default, metadata={"setting": Setting(help, **rules)})
 
 
@@ -123,6 +127,39 @@ def number(kind: type = int, minimum: float | None = None, maximum: float | None
 def choice(*choices: str):
     """argparse `type=` for one of a closed set of words, with the shared message."""
     return converter("value", str, Setting("", choices=choices))
+
+
+def add_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    declaration: dataclasses.Field,
+    rule: Setting,
+    given_only: bool = True,
+    context: str = "",
+) -> None:
+    """The flag of a declared setting: its type, range, choices and help all come from the declaration.
+
+    given_only: the flag defaults to absent (SUPPRESS), so `train` can tell a flag given, which overrides
+    `--config`, from the declared default; otherwise the flag defaults to the declared default (`plan`).
+    `context` goes before the help: when the flag matters to this command ("with --simulate: ").
+    """
+    default = declaration.default
+    help_text = context + rule.help + (f" ({expectation(type(default), rule)})" if rule.choices else "")
+    help_text += f" (default: {default})" if given_only else " (default: %(default)s)"
+    options: dict[str, Any] = {
+        "dest": declaration.name,
+        "default": argparse.SUPPRESS if given_only else default,
+        "help": help_text,
+    }
+    if isinstance(default, bool):
+        parser.add_argument(flag(declaration.name), action=argparse.BooleanOptionalAction, **options)
+    else:
+        kind = type(default)
+        parser.add_argument(
+            flag(declaration.name),
+            type=converter(declaration.name, kind, rule),
+            metavar=declaration.name.upper(),
+            **options,
+        )
 
 
 def json_schema(sections: tuple[Any, ...], exclude: frozenset[str] = frozenset()) -> dict:

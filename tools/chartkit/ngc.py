@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.launchers.deployment import gpus_per_node, nproc, owned_flags, settings_flags
+from imagenet_train.launchers.deployment import ShardServer, gpus_per_node, nproc, owned_flags, settings_flags
 
 INSTALL_HINT = (
     "the NGC CLI (`ngc`) is not installed: download it from https://org.ngc.nvidia.com/setup/installers/cli, "
@@ -32,9 +32,9 @@ def shards_source(values: dict) -> tuple[str, list[str]]:
     ngc, shards = values["ngc"], values["shards"]
     if ngc["shards"]:
         return ngc["shards"], []
-    if shards["server"] == "bucket":
+    if shards["server"] == ShardServer.BUCKET:
         return f"{shards['bucket']['url'].rstrip('/')}/{shards['index']}", []
-    if shards["server"] == "aistore":
+    if shards["server"] == ShardServer.AISTORE:
         endpoint = shards["aistore"]["endpoint"].rstrip("/")
         if not endpoint:
             raise ImagenetTrainError(

@@ -6,9 +6,9 @@ import argparse
 import dataclasses
 import json
 
-from imagenet_train.config import setting_help
+from imagenet_train.config import declaration
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.settings import choice, number
+from imagenet_train.settings import add_flag, number
 
 
 def _plan_setup(args: argparse.Namespace) -> None:
@@ -93,17 +93,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 1 if assessment.hangs or mismatches else 0
 
 
+def _add_setting(parser: argparse.ArgumentParser, name: str, context: str = "") -> None:
+    """A training setting's flag as `train` takes it (type, range, help and default from config.py)."""
+    add_flag(parser, *declaration(name), given_only=False, context=context)
+
+
 def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     """Add the plan command to the CLI."""
-    positive, count = number(int, 1), number(int, 0)
     planner = commands.add_parser(
         "plan",
         formatter_class=formatter,
         help="show how shards split over nodes x GPUs x workers and whether every rank gets the same batches",
     )
-    planner.add_argument("--shards", default="", help="shard index (shards.json), its directory, or a URL")
-    # Re-declared, as the flags above, rather than generated: plan takes only some of train's settings.
-    planner.add_argument("--trust-index", action="store_true", help=setting_help("trust_index"))
+    # Training settings come from their declarations; the rest describe the launch being planned.
+    _add_setting(planner, "shards")
+    _add_setting(planner, "trust_index")
     planner.add_argument("--shard-sizes", default="", help="samples per shard, comma-separated (instead of an index)")
     planner.add_argument(
         "--nshards", type=number(int, 0, 10_000_000), default=0, help="number of shards (with --samples-per-shard)"
@@ -113,36 +117,19 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     )
     planner.add_argument("--nodes", type=number(int, 1, 100_000), default=1, help="nodes")
     planner.add_argument("--gpus-per-node", type=number(int, 1, 1024), default=1, help="ranks per node")
-    planner.add_argument("--workers", type=number(int, 0, 512), default=8, help="DataLoader workers per rank")
-    planner.add_argument("--batch-size", type=number(int, 1, 1 << 20), default=256, help="batch size per rank")
-    planner.add_argument(
-        "--mode", type=choice("resampled", "split", "queue"), default="resampled", help="resampled, split or queue"
-    )
-    planner.add_argument(
-        "--epoch-batches",
-        type=count,
-        default=0,
-        help="batches per rank per epoch (resampled: 0 is one pass; split: a cut, 0 is none)",
-    )
-    planner.add_argument(
-        "--repeat", type=positive, default=1, help="split: times each worker reads its shards per epoch"
-    )
+    for name in ("workers", "batch_size", "mode", "epoch_batches", "repeat"):
+        _add_setting(planner, name)
     planner.add_argument(
         "--join",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="split mode: the step runs under Join (imagenet-train train always does)",
     )
-    planner.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=0, help="seed of the per-epoch shard order")
+    _add_setting(planner, "seed")
     planner.add_argument("--epoch", type=number(int, 0, 1_000_000), default=0, help="which epoch's shard order to show")
     planner.add_argument("--show-workers", action="store_true", help="list the shards of every worker")
     planner.add_argument("--simulate", action="store_true", help="run the real loaders over the real shards")
     planner.add_argument("--show-open", action="store_true", help="with --simulate: shards each worker opened")
-    planner.add_argument(
-        "--verify-shards",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with --simulate: check every shard read against the sha256 and size in the index",
-    )
+    _add_setting(planner, "verify_shards", context="with --simulate: ")
     planner.add_argument("--json", action="store_true", help="machine-readable output")
     planner.set_defaults(func=cmd_plan, check=_plan_setup)

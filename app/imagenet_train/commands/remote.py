@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.launchers.launch import GRACE_PERIOD
 from imagenet_train.settings import number, text
 
 SIGNAL = re.compile(r"(R:)?(SIG)?(USR1|USR2|TERM|INT|HUP|\d+)(@\d+)?")
@@ -127,7 +128,10 @@ def add_commands(commands, formatter) -> None:
     ssh.add_argument("--ssh-option", action="append", default=[], metavar="OPTION", help="ssh -o OPTION")
     ssh.add_argument("--connect-timeout", type=number(float, 1, 3600), default=20, help="seconds ssh waits for a host")
     ssh.add_argument(
-        "--grace-period", type=number(float, 1, 3600), default=80, help="seconds a stopping host gets before SIGKILL"
+        "--grace-period",
+        type=number(float, 1, 3600),
+        default=GRACE_PERIOD,
+        help="seconds a stopping host gets before SIGKILL",
     )
     ssh.add_argument("--dry-run", action="store_true", help="print the ssh commands and exit")
     ssh.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")

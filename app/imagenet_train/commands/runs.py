@@ -7,6 +7,7 @@ import os
 
 from imagenet_train.commands import deployment_file
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.launchers.launch import GRACE_PERIOD
 from imagenet_train.settings import number, text
 
 
@@ -91,7 +92,7 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     launch.add_argument(
         "--grace-period",
         type=number(float, 1, 3600),
-        default=80,
+        default=GRACE_PERIOD,
         help="seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL "
         "(give the pod a terminationGracePeriodSeconds a little longer)",
     )

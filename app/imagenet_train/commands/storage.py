@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from imagenet_train.commands import deployment_file
+from imagenet_train.io.resumable import IO_TIMEOUT
 from imagenet_train.settings import number, text
 
 
@@ -61,6 +62,16 @@ def cmd_fill(args: argparse.Namespace) -> int:
     )
 
 
+def _add_io_timeout(parser: argparse.ArgumentParser, seconds) -> None:
+    """--io-timeout as the bucket commands take it (train's own comes from its declaration)."""
+    parser.add_argument(
+        "--io-timeout",
+        type=seconds,
+        default=IO_TIMEOUT,
+        help="seconds to wait out a bucket outage before failing (default: %(default)g)",
+    )
+
+
 def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     """Add the bucket commands to the CLI."""
     seconds = number(float, 0, 7 * 24 * 3600)
@@ -81,9 +92,7 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     for transfer, func in ((upload, cmd_upload), (sync, cmd_sync)):
         transfer.add_argument("--workers", type=number(int, 1, 256), default=8, help="parallel transfers")
         transfer.add_argument("--dry-run", action="store_true", help="list what would be copied or skipped")
-        transfer.add_argument(
-            "--io-timeout", type=seconds, default=900, help="seconds to wait out a bucket outage before failing"
-        )
+        _add_io_timeout(transfer, seconds)
         transfer.set_defaults(func=func)
     fill = commands.add_parser(
         "fill",
@@ -92,7 +101,5 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     )
     fill.add_argument("--deployment", type=text, required=True, metavar="FILE", help="the chart's deployment.yaml")
     fill.add_argument("--directory", type=text, default="/shards", help="where the shard volume is mounted")
-    fill.add_argument(
-        "--io-timeout", type=seconds, default=900, help="seconds to wait out a bucket outage before failing"
-    )
+    _add_io_timeout(fill, seconds)
     fill.set_defaults(func=cmd_fill)

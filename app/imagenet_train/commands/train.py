@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from imagenet_train.commands import Parser
-from imagenet_train.settings import converter, declared, expectation, flag
+from imagenet_train.settings import add_flag, declared
 
 
 def _add_settings(parser: argparse.ArgumentParser, section) -> None:
@@ -15,26 +15,7 @@ def _add_settings(parser: argparse.ArgumentParser, section) -> None:
     """
     group = parser.add_argument_group(type(section).__name__.removesuffix("Config").lower() or "options")
     for declaration, rule in declared(section):
-        default = declaration.default
-        help_text = rule.help + (f" ({expectation(type(default), rule)})" if rule.choices else "")
-        help_text += f" (default: {default})"
-        if isinstance(default, bool):
-            group.add_argument(
-                flag(declaration.name),
-                dest=declaration.name,
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
-        else:
-            group.add_argument(
-                flag(declaration.name),
-                dest=declaration.name,
-                type=converter(declaration.name, type(default), rule),
-                default=argparse.SUPPRESS,
-                metavar=declaration.name.upper(),
-                help=help_text,
-            )
+        add_flag(group, declaration, rule)
 
 
 def _add_options(train: argparse.ArgumentParser) -> None:

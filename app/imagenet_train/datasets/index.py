@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import storage
 from imagenet_train.io.atomic import atomic_write
+from imagenet_train.io.resumable import IO_TIMEOUT
 
 INDEX_NAME = "shards.json"
 INDEX_KIND = "wids-shard-index-v1"
@@ -97,7 +98,7 @@ def index_location(location: str) -> str:
     return os.path.join(location, INDEX_NAME)
 
 
-def load_index(location: str, io_timeout: float = 900.0, trust_index: bool = False) -> ShardIndex:
+def load_index(location: str, io_timeout: float = IO_TIMEOUT, trust_index: bool = False) -> ShardIndex:
     """Read and check a shard index from a path, directory or URL.
 
     Every shard URL must name a file in the index's own folder unless `trust_index` (the --trust-index flag)

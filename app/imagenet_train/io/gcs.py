@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write, replacing
-from imagenet_train.io.resumable import Opened, Transient, call, is_local
+from imagenet_train.io.resumable import IO_TIMEOUT, Opened, Transient, call, is_local
 
 T = TypeVar("T")
 
@@ -164,14 +164,14 @@ def _waiting_out_outages(url: str, io_timeout: float, action: Callable[[], T]) -
     return call(url, io_timeout, attempt)
 
 
-def stat(url: str, io_timeout: float = 900.0) -> ObjectInfo | None:
+def stat(url: str, io_timeout: float = IO_TIMEOUT) -> ObjectInfo | None:
     """Size and checksum of an object, or None when it does not exist."""
     bucket, path = split(url)
     blob = _waiting_out_outages(url, io_timeout, lambda: client().bucket(bucket).get_blob(path, retry=None))
     return ObjectInfo(path, blob.size, blob.crc32c) if blob else None
 
 
-def listing(url: str, io_timeout: float = 900.0) -> list[ObjectInfo]:
+def listing(url: str, io_timeout: float = IO_TIMEOUT) -> list[ObjectInfo]:
     """Every object under a gs:// prefix."""
     bucket, prefix = split(url)
     return _waiting_out_outages(
@@ -192,7 +192,7 @@ def file_crc32c(path: str) -> str:
     return base64.b64encode(checksum.digest()).decode()
 
 
-def upload(path: str, url: str, io_timeout: float = 900.0) -> ObjectInfo:
+def upload(path: str, url: str, io_timeout: float = IO_TIMEOUT) -> ObjectInfo:
     """Upload a file and verify the stored checksum; an interrupted upload never leaves an object behind.
 
     Files of RESUMABLE_MIN bytes and more go through a resumable session remembered on disk, so an upload
@@ -296,7 +296,7 @@ def _write_json(path: str, data: dict) -> None:
         json.dump(data, stream)
 
 
-def download(url: str, path: str, io_timeout: float = 900.0) -> ObjectInfo:
+def download(url: str, path: str, io_timeout: float = IO_TIMEOUT) -> ObjectInfo:
     """Download to a temporary name, verify the checksum, then rename into place."""
     bucket, name = split(url)
 

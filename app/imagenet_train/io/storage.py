@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.io.resumable import Opened, ResumableReader, Transient, buffered
+from imagenet_train.io.resumable import IO_TIMEOUT, Opened, ResumableReader, Transient, buffered
 
 HTTP_TIMEOUT_S = 60.0
 
@@ -146,7 +146,7 @@ def http_opener(url: str, timeout: float = HTTP_TIMEOUT_S) -> Callable[[int], Op
     return open_at
 
 
-def open_stream(location: str, io_timeout: float = 900.0) -> BinaryIO:
+def open_stream(location: str, io_timeout: float = IO_TIMEOUT) -> BinaryIO:
     """Open a URL or path for sequential binary reading; remote reads wait out outages for `io_timeout` s."""
     scheme = urllib.parse.urlsplit(location).scheme
     if scheme in ("http", "https"):
@@ -187,7 +187,7 @@ def stream_size(stream: BinaryIO) -> int | None:
     return size
 
 
-def read_bytes(location: str, io_timeout: float = 900.0, limit: int = 64 << 20) -> bytes:
+def read_bytes(location: str, io_timeout: float = IO_TIMEOUT, limit: int = 64 << 20) -> bytes:
     """Read a whole small resource, such as a shard index; more than `limit` bytes is an error, found
     without reading past the limit."""
     chunks, total = [], 0

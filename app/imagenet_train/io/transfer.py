@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs
 from imagenet_train.io.paths import UnsafeName, confined, local_path, shown
+from imagenet_train.io.resumable import IO_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Copy:
     reason: str = ""  # why a name was refused
 
 
-def plan_upload(directory: str, url: str, io_timeout: float = 900.0) -> list[Copy]:
+def plan_upload(directory: str, url: str, io_timeout: float = IO_TIMEOUT) -> list[Copy]:
     """What `upload` would do: every file under `directory`, skipped where the bucket has its CRC32C."""
     if not os.path.isdir(directory):
         raise ImagenetTrainError(f"{directory}: not a directory")
@@ -49,7 +50,7 @@ def plan_upload(directory: str, url: str, io_timeout: float = 900.0) -> list[Cop
     return copies
 
 
-def plan_sync(url: str, directory: str, io_timeout: float = 900.0) -> list[Copy]:
+def plan_sync(url: str, directory: str, io_timeout: float = IO_TIMEOUT) -> list[Copy]:
     """What `sync` would do: every object under the prefix, skipped where the local file matches, refused
     where its name is not a plain path under `directory` (see `check_names`)."""
     base = url.rstrip("/")
@@ -89,7 +90,7 @@ def check_names(url: str, copies: list[Copy]) -> None:
 
 
 def run(
-    copies: list[Copy], copy: Callable[[str, str, float], object], workers: int = 8, io_timeout: float = 900.0
+    copies: list[Copy], copy: Callable[[str, str, float], object], workers: int = 8, io_timeout: float = IO_TIMEOUT
 ) -> int:
     """Carry out the copies in parallel; returns how many were copied. A plan with refused names copies nothing."""
     refused = next((c for c in copies if c.action == "refuse"), None)
@@ -116,12 +117,12 @@ def run(
     return len(todo)
 
 
-def upload_tree(directory: str, url: str, workers: int = 8, io_timeout: float = 900.0) -> int:
+def upload_tree(directory: str, url: str, workers: int = 8, io_timeout: float = IO_TIMEOUT) -> int:
     """Upload `directory` to `url` (see `plan_upload`); returns how many files were copied."""
     return run(plan_upload(directory, url, io_timeout), gcs.upload, workers, io_timeout)
 
 
-def sync_tree(url: str, directory: str, workers: int = 8, io_timeout: float = 900.0) -> int:
+def sync_tree(url: str, directory: str, workers: int = 8, io_timeout: float = IO_TIMEOUT) -> int:
     """Download `url` into `directory` (see `plan_sync`); returns how many files were copied."""
     copies = plan_sync(url, directory, io_timeout)
     check_names(url, copies)

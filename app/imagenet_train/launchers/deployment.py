@@ -14,11 +14,41 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from imagenet_train.config import Config, settings_from
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.settings import flag
+
+
+class LauncherKind(str, Enum):
+    """The chart's launcher.kind: which controller runs the training pods (values.yaml declares the words)."""
+
+    PYTORCHJOB = "pytorchjob"  # Kubeflow Training Operator v1
+    INDEXEDJOB = "indexedjob"  # plain batch/v1 Indexed Job, no operator
+    TRAINJOB = "trainjob"  # Kubeflow Trainer v2 (its TrainJob becomes a JobSet)
+    JOBSET = "jobset"  # the JobSet controller
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ShardServer(str, Enum):
+    """The chart's shards.server: where the loaders read shards from (values.yaml declares the words)."""
+
+    NGINX = "nginx"  # a Deployment serving a volume over HTTP
+    AISTORE = "aistore"  # AIStore's HTTP API
+    BUCKET = "bucket"  # the bucket itself, streamed directly
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Launchers without an operator that sets torchrun's rendezvous variables: `launch` reads ours.
+STATIC_RENDEZVOUS = frozenset({LauncherKind.INDEXEDJOB, LauncherKind.JOBSET})
+# Launchers whose pods JobSet names (a TrainJob becomes a JobSet): its webhook bounds the name's length.
+JOBSET_NAMED = frozenset({LauncherKind.JOBSET, LauncherKind.TRAINJOB})
 
 # Training settings the deployment sets from its other sections; the chart's `train:` schema leaves them out.
 OWNED = frozenset({"shards", "train_urls", "val_urls", "train_samples", "run_dir", "results", "cache_dir"})
@@ -67,9 +97,9 @@ def run_name(values: Mapping[str, Any], release: str) -> str:
 def shards_url(values: Mapping[str, Any], name: str) -> str:
     """Where the loaders find the shard index: the nginx Service, the AIS bucket, or the bucket prefix."""
     shards = values["shards"]
-    if shards["server"] == "nginx":
+    if shards["server"] == ShardServer.NGINX:
         return f"http://{name}-shards/{shards['index']}"
-    if shards["server"] == "aistore":
+    if shards["server"] == ShardServer.AISTORE:
         return f"ais://{shards['aistore']['bucket']}/{shards['index']}"
     return f"{shards['bucket']['url'].rstrip('/')}/{shards['index']}"
 
@@ -79,15 +109,15 @@ def ais_endpoint(values: Mapping[str, Any], name: str) -> str:
     return f"http://{name}-ais-proxy:51080" if aistore["deploy"] else aistore["endpoint"].rstrip("/")
 
 
-def master_addr(kind: str, name: str) -> str:
+def master_addr(kind: LauncherKind | str, name: str) -> str:
     """Pod 0's stable hostname: JobSet's own, or the headless Service's subdomain (Indexed Job)."""
-    return f"{name}-node-0-0.{name}" if kind == "jobset" else f"{name}-0.{name}"
+    return f"{name}-node-0-0.{name}" if kind == LauncherKind.JOBSET else f"{name}-0.{name}"
 
 
 def storage_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
     """Endpoints and the credentials' location (never a key) for the shard source and results bucket."""
     env = {}
-    if values["shards"]["server"] == "aistore":
+    if values["shards"]["server"] == ShardServer.AISTORE:
         env["AIS_ENDPOINT"] = ais_endpoint(values, name)
     gcp = values["gcp"]
     if gcp["credentialsSecret"]:
@@ -98,7 +128,7 @@ def storage_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
 def rendezvous_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
     """What `launch` reads on launchers without an operator that sets it (Indexed Job, JobSet)."""
     launcher = values["launcher"]
-    if launcher["kind"] not in ("indexedjob", "jobset"):
+    if launcher["kind"] not in STATIC_RENDEZVOUS:
         return {}
     master = master_addr(launcher["kind"], name)
     env = {"NNODES": str(launcher["nodes"]), "MASTER_ADDR": master, "MASTER_PORT": str(launcher["port"])}
@@ -156,7 +186,7 @@ def plan(document: Mapping[str, Any]) -> Deployment:
         results=f"{bucket}/{run}" if bucket else "",
         cache_dir=CACHE_MOUNT if values["cache"]["enabled"] else "",
     )
-    remote = values["shards"]["server"] != "bucket"
+    remote = values["shards"]["server"] != ShardServer.BUCKET
     return Deployment(
         nproc=nproc(values),
         wait_for=url if remote else "",
@@ -188,12 +218,12 @@ def admission_problems(values: Mapping[str, Any], name: str) -> list[str]:
             "alphanumeric character"
         )
     pod = f"{name}-node-0-{int(launcher['nodes']) - 1}-abcde"
-    if launcher["kind"] in ("jobset", "trainjob") and len(pod) > 63:
+    if launcher["kind"] in JOBSET_NAMED and len(pod) > 63:
         errors.append(
             f"{where}: the JobSet webhook refuses {name[:80]!r}: JobSet name is too long, pod names generated for "
             f"this JobSet will exceed 63 characters ({len(pod)} in the last pod's)"
         )
-    if launcher["kind"] == "trainjob":
+    if launcher["kind"] == LauncherKind.TRAINJOB:
         reserved = sorted({str(e.get("name")) for e in values.get("env") or []} & set(TRAINER_RESERVED_ENV))
         if reserved:
             errors.append(

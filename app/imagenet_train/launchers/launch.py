@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from imagenet_train.errors import ImagenetTrainError
 
 DEFAULT_PORT = "29500"
+# Seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL (a pod's
+# terminationGracePeriodSeconds should be a little longer). The default of `launch` and `ssh`.
+GRACE_PERIOD = 80
 # torchrun's c10d rendezvous shares its TCPStore with the workers by default (torch >= 2.5). Then an agent that
 # was rank 0 keeps the store address of its first round and never publishes it for a later one, so a replaced
 # node (a pod restarted after a crash) waits for it until the rendezvous times out, and every node fails
@@ -182,7 +185,7 @@ def _exit_code(failures: dict) -> int:
     return 128 - worst if worst < 0 else worst
 
 
-def run(program: list[str], nproc: str | None = None, dry_run: bool = False, grace_period: float = 80) -> int:
+def run(program: list[str], nproc: str | None = None, dry_run: bool = False, grace_period: float = GRACE_PERIOD) -> int:
     """Print the torchrun command for this environment, then run torchrun in this process.
 
     In-process rather than exec: a signal that stops the job (SIGTERM from the kubelet, SIGUSR1 from

@@ -24,6 +24,7 @@ from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.pipeline import EpochLoader, resolve_source
 from imagenet_train.loading.presets import normalize
+from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.parts import (
@@ -39,7 +40,7 @@ from imagenet_train.training.parts import (
 def refuse_uneven_modes(cfg: Config) -> None:
     """Only resampled mode gives every rank equal batches without Join; say so for the others."""
     mode = cfg.data.mode
-    if mode != "resampled":
+    if mode != Mode.RESAMPLED:
         raise ImagenetTrainError(
             f"--mode {mode}: cannot run under Lightning (its uneven batches per rank need Join, which Lightning's "
             f"loop does not run); use --mode resampled with Lightning, or `imagenet-train train` for --mode {mode}"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.storage import IO_ENVIRONMENT
+from imagenet_train.launchers.launch import GRACE_PERIOD
 from imagenet_train.launchers.remote_words import holds_secret, redact, refuse_control
 
 HOST_LINE = re.compile(
@@ -103,7 +104,7 @@ class SshOptions:
     identity: str = ""
     ssh_options: list[str] = field(default_factory=list)
     connect_timeout: float = 20
-    grace_period: float = 80  # launch's: the ranks' time to finish a step and checkpoint
+    grace_period: float = GRACE_PERIOD  # launch's: the ranks' time to finish a step and checkpoint
 
 
 def _check(options: SshOptions) -> None:

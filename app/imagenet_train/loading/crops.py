@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from imagenet_train.loading.options import MIN_CROP_SCALE
+
 
 @dataclass(frozen=True)
 class Box:
@@ -19,7 +21,10 @@ class Box:
 
 
 def random_resized_crop_box(
-    height: int, width: int, scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    height: int,
+    width: int,
+    scale: tuple[float, float] = (MIN_CROP_SCALE, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
 ) -> Box:
     """torchvision's RandomResizedCrop.get_params, on the same torch RNG: same distribution by construction."""
     area = height * width

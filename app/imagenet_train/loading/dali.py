@@ -19,6 +19,7 @@ from torch.utils.data import get_worker_info
 
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_image
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE
 from imagenet_train.loading.presets import IMAGENET_MEAN, IMAGENET_STD
 
 Batch = tuple[torch.Tensor, torch.Tensor, list]
@@ -71,9 +72,9 @@ def unpack_jpegs(packed: tuple[torch.Tensor, torch.Tensor]) -> list[np.ndarray]:
 class DaliAugment:
     """What DALI does after the decode: training's random-resized-crop + flip, or evaluation's resize + centre crop."""
 
-    size: int = 224
+    size: int = CROP_SIZE
     train: bool = True
-    min_scale: float = 0.08
+    min_scale: float = MIN_CROP_SCALE
     hflip: bool = True
     resize: int | None = None  # evaluation: short side before the centre crop (default size / 0.875)
     normalized: bool = True  # float32 ImageNet-normalised output; False: uint8 (normalised later)

@@ -18,6 +18,7 @@ import torch
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
 from imagenet_train.loading.crops import Box, random_resized_crop_box
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE
 
 ensure_torchvision()
 from torchvision.transforms.v2 import functional  # noqa: E402
@@ -49,8 +50,8 @@ class FusedCropDecoder:
 
     def __init__(
         self,
-        size: int = 224,
-        scale: tuple[float, float] = (0.08, 1.0),
+        size: int = CROP_SIZE,
+        scale: tuple[float, float] = (MIN_CROP_SCALE, 1.0),
         hflip: bool = True,
         max_pixels: int = MAX_IMAGE_PIXELS,
     ):

@@ -13,6 +13,7 @@ import torch
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
 from imagenet_train.loading.crops import random_resized_crop_box
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, Decoder
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402
@@ -80,19 +81,19 @@ class TrainPreset:
     scales inside libjpeg-turbo (imagenet_train.loading.jpegcrop). All three draw the same crop distribution.
     """
 
-    size: int = 224
-    min_scale: float = 0.08
+    size: int = CROP_SIZE
+    min_scale: float = MIN_CROP_SCALE
     hflip: bool = True
-    decoder: str = "simplejpeg"
+    decoder: Decoder | str = Decoder.SIMPLEJPEG
     max_pixels: int = MAX_IMAGE_PIXELS  # images above it are refused from their header (a corrupt sample)
 
     def build(self) -> Callable[[bytes], torch.Tensor]:
-        if self.decoder == "fused":
+        if self.decoder == Decoder.FUSED:
             from imagenet_train.loading.jpegcrop import FusedCropDecoder
 
             return FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip, self.max_pixels)
         crop = RandomResizedCropFlip(self.size, (self.min_scale, 1.0), self.hflip)
-        decode = decode_pil if self.decoder == "pil" else decode_rgb
+        decode = decode_pil if self.decoder == Decoder.PIL else decode_rgb
         return DecodeThen(partial(decode, max_pixels=self.max_pixels), crop)
 
 
@@ -100,7 +101,7 @@ class TrainPreset:
 class ValPreset:
     """Resize the short side to `resize` (default size / 0.875), then centre-crop `size`."""
 
-    size: int = 224
+    size: int = CROP_SIZE
     resize: int | None = None
     max_pixels: int = MAX_IMAGE_PIXELS
 

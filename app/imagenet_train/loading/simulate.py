@@ -13,12 +13,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.loading.options import BrokenShardPolicy
 from imagenet_train.loading.pipeline import ShardInfo, ShardReading, ShardStream, batched, read_shards
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
 
 # The simulation reports damage rather than hiding it; shards the index has a sha256 for are checked against it.
-READING = ShardReading(io_timeout=0, on_broken="fail")
+READING = ShardReading(io_timeout=0, on_broken=BrokenShardPolicy.FAIL)
 
 
 @dataclass

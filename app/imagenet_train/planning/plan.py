@@ -11,6 +11,14 @@ from typing import Any
 
 from imagenet_train.errors import ImagenetTrainError
 
+# The defaults of the training settings the planner shares (config.py declares those settings with these), so
+# that a Setup made by hand plans what `train` would run.
+WORKERS = 8  # DataLoader workers per rank
+BATCH_SIZE = 256  # per rank
+EPOCH_BATCHES = 0  # resampled: one pass over the data; split: no cut
+REPEAT = 1  # split: each worker reads its shard list once per epoch
+SEED = 0
+
 
 class Mode(str, Enum):
     """How shards reach the ranks (the value is the --mode word)."""
@@ -89,13 +97,15 @@ class Setup:
     shard_sizes: tuple[int, ...]
     nodes: int = 1
     gpus_per_node: int = 1
-    workers: int = 8
-    batch_size: int = 256
+    workers: int = WORKERS
+    batch_size: int = BATCH_SIZE
     mode: Mode = Mode.RESAMPLED
-    epoch_batches: int = 0  # resampled: 0 is one pass over the data; split: 0 is every shard once, else a cut
-    repeat: int = 1  # split: each worker reads its shard list this many times per epoch
+    epoch_batches: int = (
+        EPOCH_BATCHES  # resampled: 0 is one pass over the data; split: 0 is every shard once, else a cut
+    )
+    repeat: int = REPEAT  # split: each worker reads its shard list this many times per epoch
     join: bool = True  # split mode: the step runs under torch.distributed Join (imagenet-train always does)
-    seed: int = 0
+    seed: int = SEED
     epoch: int = 0
 
     @property

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.dali import DaliAugment, DaliDecoder
+from imagenet_train.loading.options import Decoder
 from imagenet_train.loading.pipeline import (
     DataSource,
     EpochLoader,
@@ -133,7 +134,7 @@ class Trainer:
     def batches(self, loader: EpochLoader, augment: DaliAugment) -> Iterable:
         """One epoch of `loader` as (images, labels, keys) on the device: decoded by DALI under --decoder dali,
         else copied there one step ahead of the step that uses them."""
-        if self.cfg.data.decoder != "dali":
+        if self.cfg.data.decoder != Decoder.DALI:
             return device_batches(loader, self.info.device)
         if loader not in self.dali:
             self.dali[loader] = DaliDecoder(

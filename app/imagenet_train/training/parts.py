@@ -9,9 +9,10 @@ from functools import partial
 import torch
 
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.config import Config
+from imagenet_train.config import Amp, Config
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.dali import jpeg_bytes, pack_jpegs
+from imagenet_train.loading.options import Decoder
 from imagenet_train.loading.pipeline import DataSource, EpochLoader, ShardReading, ShardStream
 from imagenet_train.loading.presets import TrainPreset, ValPreset
 from imagenet_train.planning import plan
@@ -54,13 +55,13 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+def amp_dtype(mode: Amp | str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype: bf16 on capable GPUs under 'auto', nothing on CPU unless asked."""
-    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+    if mode == Amp.OFF or (mode == Amp.AUTO and device.type != "cuda"):
         return None
-    if mode == "fp16":
+    if mode == Amp.FP16:
         return torch.float16
-    if mode == "auto" and not torch.cuda.is_bf16_supported():
+    if mode == Amp.AUTO and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16
 
@@ -86,7 +87,7 @@ def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Sche
     """This rank's training batches: equal counts per rank in resampled mode, every sample once otherwise."""
     data = cfg.data
     exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
-    dali = data.decoder == "dali"  # workers hand over the JPEG bytes; DALI decodes them in the rank
+    dali = data.decoder == Decoder.DALI  # workers hand over the JPEG bytes; DALI decodes them in the rank
     preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder, data.max_image_pixels)
     stream = ShardStream(
         urls=source.train_urls,
@@ -116,7 +117,7 @@ def val_loader(cfg: Config, info: DistInfo, source: DataSource) -> EpochLoader |
     if not source.val_urls:
         return None
     data = cfg.data
-    dali = data.decoder == "dali"
+    dali = data.decoder == Decoder.DALI
     stream = ShardStream(
         urls=source.val_urls,
         transform=partial(jpeg_bytes, max_pixels=data.max_image_pixels)

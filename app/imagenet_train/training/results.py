@@ -15,6 +15,7 @@ from pathlib import Path
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs, transfer
+from imagenet_train.io.resumable import IO_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 class ResultsUploader:
     """Mirrors a run directory to gs:// in the background (see the module docstring)."""
 
-    def __init__(self, run_dir: str | Path, url: str, io_timeout: float = 900.0):
+    def __init__(self, run_dir: str | Path, url: str, io_timeout: float = IO_TIMEOUT):
         gcs.split(url)  # a bad URL fails now, not after the first epoch
         self.run_dir, self.url, self.io_timeout = Path(run_dir), url.rstrip("/"), io_timeout
         self.sent: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) already in the bucket
@@ -89,7 +90,7 @@ class ResultsUploader:
         return self.pending()
 
 
-def fetch_for_resume(url: str, run_dir: str | Path, io_timeout: float = 900.0) -> int:
+def fetch_for_resume(url: str, run_dir: str | Path, io_timeout: float = IO_TIMEOUT) -> int:
     """Bring a run's files from the bucket into the run directory before resuming; 0 when none exist."""
     os.makedirs(run_dir, exist_ok=True)
     if not gcs.listing(url.rstrip("/") + "/", io_timeout):

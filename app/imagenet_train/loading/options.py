@@ -1,0 +1,33 @@
+"""What the loader can be asked for: its decoders, its broken-shard policies and the crop it makes by default.
+
+Torch-free, so config.py can declare the settings with these without importing the loader.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+CROP_SIZE = 224  # training and evaluation crop, in pixels (ResNet-50's ImageNet recipe)
+MIN_CROP_SCALE = 0.08  # the smallest area fraction RandomResizedCrop keeps (torchvision's default)
+
+
+class Decoder(str, Enum):
+    """How a training JPEG becomes a crop (the value is the --decoder word)."""
+
+    SIMPLEJPEG = "simplejpeg"  # decode the whole image, then crop the uint8 tensor
+    FUSED = "fused"  # crop and DCT-scale inside libjpeg-turbo
+    PIL = "pil"
+    DALI = "dali"  # workers hand over the JPEG bytes; DALI decodes them in the rank
+
+    def __str__(self) -> str:
+        return self.value  # in messages and help, the --decoder word
+
+
+class BrokenShardPolicy(str, Enum):
+    """What a truncated or corrupt shard does to the stream (the value is the --on-broken-shard word)."""
+
+    SKIP = "skip"  # keep the samples before the damage, count the rest as lost, go on
+    FAIL = "fail"
+
+    def __str__(self) -> str:
+        return self.value
