@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -81,6 +81,7 @@ class ShardStream(IterableDataset):
         )
 
     def shard_urls(self, worker: int, workers: int, reader: int = 0) -> Iterator[str]:
+        """The shards worker `worker` of `workers` reads this epoch (`reader`: one of its interleaved streams)."""
         if self.resampled:
             stream = f":{reader}" if reader else ""
             rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}{self.resume_tag}{stream}")
@@ -165,7 +166,7 @@ class EpochLoader:
         self.stream.epoch = epoch
 
     def start_epoch(
-        self, epoch: int, skip_keys: frozenset = frozenset(), resume_tag: str = "", batches: int | None = None
+        self, epoch: int, skip_keys: Iterable[str] = (), resume_tag: str = "", batches: int | None = None
     ) -> None:
         """Set up the next epoch: from its start, or what is left of it when resuming inside it.
 
@@ -178,6 +179,7 @@ class EpochLoader:
 
     @property
     def corrupt_samples(self) -> int:
+        """Undecodable samples this rank's workers skipped so far."""
         return self.stream.damage.snapshot()[DamageCounters.CORRUPT]
 
     def damage(self) -> tuple[int, int, int]:
