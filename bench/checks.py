@@ -26,7 +26,9 @@ def measure(shards: Path, workers: int, verify_too: bool) -> dict:
     """One process's figures for the package on its PYTHONPATH."""
     import torch
 
-    from imagenet_train.loading.pipeline import EpochLoader, ShardReading, ShardStream, resolve_source
+    from imagenet_train.datasets.source import resolve_source
+    from imagenet_train.loading.stages import ShardReading
+    from imagenet_train.loading.stream import EpochLoader, ShardStream
 
     sys.path.insert(0, str(HERE))
     import loader
@@ -59,8 +61,8 @@ def micro(shards: Path, before: str, rounds: int) -> dict:
     import simplejpeg
 
     from imagenet_train.datasets.pixels import check_pixels
+    from imagenet_train.datasets.source import resolve_source
     from imagenet_train.io import tarstream
-    from imagenet_train.loading.pipeline import resolve_source
 
     spec = importlib.util.spec_from_file_location("old_tarstream", Path(before) / "imagenet_train/io/tarstream.py")
     old = importlib.util.module_from_spec(spec)

@@ -16,7 +16,7 @@ import time
 import torch
 
 from imagenet_train.config import Config
-from imagenet_train.loading.pipeline import resolve_source
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.loop import Trainer
 

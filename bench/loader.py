@@ -18,9 +18,11 @@ from pathlib import Path
 import torch
 
 from imagenet_train.compat import ensure_torchvision
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.loading.dali import available as dali_available
-from imagenet_train.loading.pipeline import EpochLoader, ShardReading, ShardStream, resolve_source
 from imagenet_train.loading.presets import IMAGENET_MEAN, IMAGENET_STD, TrainPreset, normalize
+from imagenet_train.loading.stages import ShardReading
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 
 ensure_torchvision()
 from torch.utils.data import DataLoader  # noqa: E402

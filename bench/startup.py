@@ -17,8 +17,9 @@ SHARDS = 1282
 
 CHILD = """
 import sys, time
-from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.loading.presets import TrainPreset
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 source = resolve_source(sys.argv[1])
 stream = ShardStream(urls=source.train_urls, transform=TrainPreset(224).build(), batch_size=64, resampled=True)
 next(iter(EpochLoader(stream, int(sys.argv[2]), batches=10)))

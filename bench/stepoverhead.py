@@ -24,13 +24,19 @@ import torch
 from imagenet_train.config import Config
 
 try:  # this tree's layout by concern
-    from imagenet_train.loading import pipeline as data
+    from imagenet_train.datasets.source import resolve_source
+    from imagenet_train.loading.stream import EpochLoader
     from imagenet_train.training.dist import DistInfo
     from imagenet_train.training.loop import Trainer
-except ImportError:  # the flat layout of the "before" ref bench/epochs.py also measures
-    from imagenet_train import data
-    from imagenet_train.dist import DistInfo
-    from imagenet_train.train import Trainer
+except ImportError:
+    try:  # the layout by concern before the loader was split (loading/pipeline.py)
+        from imagenet_train.loading.pipeline import EpochLoader, resolve_source
+        from imagenet_train.training.dist import DistInfo
+        from imagenet_train.training.loop import Trainer
+    except ImportError:  # the flat layout of the "before" ref bench/epochs.py also measures
+        from imagenet_train.data import EpochLoader, resolve_source
+        from imagenet_train.dist import DistInfo
+        from imagenet_train.train import Trainer
 
 
 class Spans:
@@ -68,7 +74,7 @@ def instrument(trainer: Trainer) -> dict[str, Spans]:
         module.register_forward_hook(spans["forward"].close)
     torch.Tensor.backward = spans["backward"].wrap(torch.Tensor.backward)
     trainer.optimizer.step = spans["optimizer"].wrap(trainer.optimizer.step)
-    iterate = data.EpochLoader.__iter__
+    iterate = EpochLoader.__iter__
 
     def handed_over(loader):
         batches = iterate(loader)
@@ -80,7 +86,7 @@ def instrument(trainer: Trainer) -> dict[str, Spans]:
             spans["batch"].spans.append((start, time.perf_counter()))
             yield batch
 
-    data.EpochLoader.__iter__ = handed_over
+    EpochLoader.__iter__ = handed_over
     return spans
 
 
@@ -91,7 +97,7 @@ def measure(args: argparse.Namespace) -> dict:
     cfg.data.shards, cfg.data.image_size, cfg.data.val_resize = args.shards, args.size, args.size
     cfg.data.batch_size, cfg.data.workers, cfg.data.epoch_batches = args.batch, args.workers, args.batches
     cfg.run.arch, cfg.run.epochs, cfg.run.run_dir = args.arch, args.epochs, tempfile.mkdtemp(prefix="bench-step-")
-    trainer = Trainer(cfg.validate(), DistInfo(0, 1, 0, torch.device("cpu")), data.resolve_source(args.shards))
+    trainer = Trainer(cfg.validate(), DistInfo(0, 1, 0, torch.device("cpu")), resolve_source(args.shards))
     spans = instrument(trainer)
     first_waits, windows = [], []
     for epoch in range(args.epochs):

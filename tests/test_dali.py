@@ -7,9 +7,10 @@ import pytest
 import torch
 from PIL import Image
 
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.loading.dali import DaliAugment, DaliDecoder, available, jpeg_bytes, pack_jpegs
-from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
 from imagenet_train.loading.presets import RandomResizedCropFlip, decode_rgb
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 
 from conftest import SMALL_TRAIN, read_metrics, torchrun
 

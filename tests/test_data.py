@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from imagenet_train.datasets.source import ShardInfo, resolve_source
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading.pipeline import EpochLoader, ShardInfo, ShardReading, ShardStream, resolve_source
 from imagenet_train.loading.presets import TrainPreset, ValPreset
+from imagenet_train.loading.stages import ShardReading
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.planning import plan
 
 from conftest import jpeg_bytes
@@ -146,8 +148,8 @@ def test_loader_reads_shards_over_http_from_nginx(shard_server, digit_shards):
 
 
 def test_queue_mode_in_one_process_hands_every_shard_to_exactly_one_worker(digit_shards):
-    from imagenet_train.loading.pipeline import worker_context
     from imagenet_train.loading.shard_queue import LocalQueue
+    from imagenet_train.loading.workers import worker_context
 
     source = resolve_source(str(digit_shards))
     queue = LocalQueue(worker_context())
@@ -207,8 +209,9 @@ def test_a_rank_killed_outright_takes_its_forkserver_and_workers_with_it(digit_s
     """SIGKILL a process mid-epoch: its loader cannot shut down, the kernel must end the workers."""
     script = (
         "import sys, time\n"
-        "from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source\n"
+        "from imagenet_train.datasets.source import resolve_source\n"
         "from imagenet_train.loading.presets import ValPreset\n"
+        "from imagenet_train.loading.stream import EpochLoader, ShardStream\n"
         f"source = resolve_source({str(digit_shards)!r})\n"
         "stream = ShardStream(urls=source.train_urls, transform=ValPreset(24, 24).build(), batch_size=8)\n"
         "batches = iter(EpochLoader(stream, workers=2))\n"
@@ -233,8 +236,9 @@ def test_slurms_signal_to_every_loader_process_leaves_the_loader_and_its_helpers
     multiprocessing's resource tracker) must leave it to the rank, which finishes and shuts down cleanly."""
     script = (
         "import signal, sys\n"
-        "from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source\n"
+        "from imagenet_train.datasets.source import resolve_source\n"
         "from imagenet_train.loading.presets import ValPreset\n"
+        "from imagenet_train.loading.stream import EpochLoader, ShardStream\n"
         "signal.signal(signal.SIGUSR1, lambda *_: None)  # the rank's own pre-emption handler\n"
         f"source = resolve_source({str(digit_shards)!r})\n"
         "stream = ShardStream(urls=source.train_urls, transform=ValPreset(24, 24).build(), batch_size=8)\n"

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs, storage
-from imagenet_train.loading.pipeline import EpochLoader, ShardReading, ShardStream, resolve_source
 from imagenet_train.loading.presets import ValPreset
+from imagenet_train.loading.stages import ShardReading
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.ops.serve import free_port
 
 from conftest import SMALL_TRAIN, cli, local_service, read_metrics, torchrun

@@ -7,9 +7,10 @@ from collections import Counter
 import pytest
 import torch
 
-from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.loading.prefetch import device_batches
 from imagenet_train.loading.presets import ValPreset, normalize, normalize_constants
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 
 
 def shard_of_keys(urls: list[str]) -> dict[str, str]:
@@ -86,9 +87,22 @@ def test_resumed_epoch_skip_keys_reach_persistent_workers(digit_shards):
     data = stream(source.train_urls, resampled=False, shuffle_buffer=0)
     loader = EpochLoader(data, workers=2)
     first = [key for _, _, batch in loader for key in batch]
-    data.skip_keys = frozenset(first[:500])
+    loader.start_epoch(0, skip_keys=first[:500])
     rest = [key for _, _, batch in loader for key in batch]
     assert sorted(rest) == sorted(first[500:])
+    loader.close()
+
+
+def test_a_resumed_resampled_epoch_takes_its_own_length_and_fresh_draws(digit_shards):
+    source = resolve_source(str(digit_shards))
+    loader = EpochLoader(stream(source.train_urls, shuffle_buffer=0), workers=2, batches=6)
+    first = [batch for _, _, batch in loader]
+    loader.start_epoch(0, resume_tag=":resume3", batches=3)
+    resumed = [batch for _, _, batch in loader]
+    assert len(first) == 6 and len(resumed) == 3
+    assert resumed != first[:3]  # the resumed part draws anew instead of repeating the epoch's start
+    loader.start_epoch(0, batches=6)
+    assert [batch for _, _, batch in loader] == first  # and an epoch started afresh draws as before
     loader.close()
 
 

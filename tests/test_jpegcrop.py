@@ -13,10 +13,11 @@ from scipy import stats
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Config
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading import crops, jpegcrop
-from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
 from imagenet_train.loading.presets import TrainPreset, decode_rgb
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402

@@ -12,8 +12,9 @@ from nbclient import NotebookClient
 from conftest import REPO
 
 SCRIPT = """
-from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.loading.presets import TrainPreset
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 
 source = resolve_source({shards!r}, "", "", 0, 0, 3)
 stream = ShardStream(source.train_urls, TrainPreset(32, 0.5, False, "simplejpeg").build(), 32, resampled=True)

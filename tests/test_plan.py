@@ -50,7 +50,7 @@ def test_split_epoch_counts_every_sample_once_and_batches_per_worker(sizes, worl
 
 @pytest.mark.parametrize(("samples", "expected"), [(0, (0, 0)), (1, (0, 1)), (16, (1, 0)), (17, (1, 0)), (18, (1, 1))])
 def test_a_lone_leftover_sample_joins_the_last_full_batch(samples, expected):
-    from imagenet_train.loading.pipeline import batched
+    from imagenet_train.loading.stages import batched
 
     assert plan.batches_for(samples, 16) == expected
     sizes = [len(batch) for batch in batched(range(samples), 16, partial=True, collate_fn=list)]

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import s3, storage
 from imagenet_train.io.resumable import ResumableReader
-from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
 from imagenet_train.loading.presets import ValPreset
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.ops.serve import free_port
 
 from conftest import cli, local_service

@@ -37,7 +37,7 @@ PROBE = """
 import io, json, resource, sys, tarfile
 sys.path.insert(0, sys.argv[1])
 from bombs import flat_jpeg
-from imagenet_train.loading.pipeline import DamageCounters, decoded, read_shards
+from imagenet_train.loading.stages import DamageCounters, decoded, read_shards
 from imagenet_train.loading.presets import TrainPreset, ValPreset
 from imagenet_train.loading.dali import jpeg_bytes
 from imagenet_train.loading import jpegcrop

@@ -113,7 +113,7 @@ def test_trust_index_lets_the_operators_own_index_name_commands_with_a_warning(h
 
 
 def test_train_urls_given_on_the_command_line_may_still_be_pipes(tmp_path):
-    from imagenet_train.loading.pipeline import resolve_source
+    from imagenet_train.datasets.source import resolve_source
 
     source = resolve_source("", f"pipe:cat {tmp_path}/x.tar", "", 2, 2)
     assert source.train_urls == [f"pipe:cat {tmp_path}/x.tar"]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from imagenet_train.datasets.convert import ShardOptions, convert
-from imagenet_train.loading.pipeline import DamageCounters, ShardReading, read_shards, resolve_source
+from imagenet_train.datasets.source import resolve_source
+from imagenet_train.loading.stages import DamageCounters, ShardReading, read_shards
 
 from conftest import cli, write_image_folder
 

@@ -16,10 +16,11 @@ import pytest
 import torch
 from test_gcs import BUCKET, emulator  # noqa: F401 (a fixture: a real gcp-storage-emulator)
 
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.io import resumable
 from imagenet_train.loading.epochstate import EpochState, EpochStateFile, read_epoch_state
-from imagenet_train.loading.pipeline import EpochLoader, ShardStream, resolve_source
 from imagenet_train.loading.presets import ValPreset
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 
 from conftest import SMALL_TRAIN, cli
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import tarstream
-from imagenet_train.loading.pipeline import DamageCounters, ShardReading, read_shards
+from imagenet_train.loading.stages import DamageCounters, ShardReading, read_shards
 
 from .bombs import fix_checksums, tar_header, tar_member
 from conftest import cli, write_image_folder

@@ -23,7 +23,7 @@ def _plan_setup(args: argparse.Namespace) -> None:
         index = load_index(args.shards, trust_index=args.trust_index)
         sizes, urls = index.sizes("train"), index.urls("train")
         if args.simulate and args.verify_shards:
-            from imagenet_train.loading.pipeline import expected_shards
+            from imagenet_train.datasets.source import expected_shards
 
             args.expected = expected_shards(index, ["train"])
     elif args.shard_sizes:

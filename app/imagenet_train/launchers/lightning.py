@@ -21,9 +21,10 @@ ensure_torchvision()  # Lightning imports torchvision (through torchmetrics) as 
 import lightning
 
 from imagenet_train.config import Config
+from imagenet_train.datasets.source import resolve_source
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading.pipeline import EpochLoader, resolve_source
 from imagenet_train.loading.presets import normalize
+from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training.dist import DistInfo

@@ -39,7 +39,7 @@ def world_size(options: RayOptions, cluster_gpus: int) -> tuple[int, bool]:
 
 def run(cfg: Config, options: RayOptions) -> dict:
     """Train `cfg` on the Ray cluster; returns the last epoch's metrics."""
-    from imagenet_train.loading.pipeline import resolve_source
+    from imagenet_train.datasets.source import resolve_source
     from imagenet_train.training.parts import preflight_check
 
     cfg.validate()

@@ -12,9 +12,11 @@ import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from imagenet_train.datasets.source import ShardInfo
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.options import BrokenShardPolicy
-from imagenet_train.loading.pipeline import ShardInfo, ShardReading, ShardStream, batched, read_shards
+from imagenet_train.loading.stages import ShardReading, batched, read_shards
+from imagenet_train.loading.stream import ShardStream
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
 

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 import torch
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading.pipeline import EpochLoader
 from imagenet_train.loading.presets import normalize
+from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.training.dist import DistInfo, all_sum
 
 

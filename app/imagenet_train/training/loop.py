@@ -19,18 +19,15 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from imagenet_train.config import Config
+from imagenet_train.datasets.source import DataSource, resolve_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.dali import DaliAugment, DaliDecoder
 from imagenet_train.loading.options import Decoder
-from imagenet_train.loading.pipeline import (
-    DataSource,
-    EpochLoader,
-    resolve_source,
-    worker_context,
-)
 from imagenet_train.loading.prefetch import device_batches
 from imagenet_train.loading.presets import normalize
 from imagenet_train.loading.shard_queue import job_queue
+from imagenet_train.loading.stream import EpochLoader
+from imagenet_train.loading.workers import worker_context
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.position import Position
@@ -242,15 +239,12 @@ class Trainer:
             data.epoch_batches,
         )
         self.position = None
-        stream = self.train_loader.stream
-        self.train_loader.set_epoch(epoch)
-        self.train_loader.batches = start.batches
-        stream.resume_tag = start.resume_tag
-        stream.skip_keys = frozenset(consumed_keys(self.run_dir, start.resumed_from) if start.skip_consumed else ())
+        skip_keys = frozenset(consumed_keys(self.run_dir, start.resumed_from) if start.skip_consumed else ())
+        self.train_loader.start_epoch(epoch, skip_keys=skip_keys, resume_tag=start.resume_tag, batches=start.batches)
         saved = start.resumed_from
         if start.world_changed and self.info.is_main:
             what = (
-                f"the {len(stream.skip_keys)} samples already seen are skipped and the rest split over the new ranks"
+                f"the {len(skip_keys)} samples already seen are skipped and the rest split over the new ranks"
                 if self.exact
                 else f"continuing with {start.batches} batches per rank, the {saved.samples_left} samples the "
                 "epoch still owed"

@@ -10,11 +10,13 @@ import torch
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Amp, Config
+from imagenet_train.datasets.source import DataSource
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.dali import jpeg_bytes, pack_jpegs
 from imagenet_train.loading.options import Decoder
-from imagenet_train.loading.pipeline import DataSource, EpochLoader, ShardReading, ShardStream
 from imagenet_train.loading.presets import TrainPreset, ValPreset
+from imagenet_train.loading.stages import ShardReading
+from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule

@@ -1,0 +1,268 @@
+"""The loader's generator stages, each a small step testable alone: shard bytes to tar samples (verified
+against the index), shuffle, interleave, decode, batch."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import get_worker_info
+
+from imagenet_train.datasets.source import ShardInfo
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io import storage, tarstream
+from imagenet_train.io.cache import open_cached, open_verified
+from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
+from imagenet_train.io.resumable import IO_TIMEOUT
+from imagenet_train.loading.options import BrokenShardPolicy
+
+log = logging.getLogger(__name__)
+
+
+Batch = tuple[torch.Tensor, torch.Tensor, list]
+
+
+class BrokenShard(Exception):
+    """A shard whose bytes end or go wrong partway: what came before the damage is still good."""
+
+
+def samples_in_tar(stream, url: str) -> Iterator[dict]:
+    """Group a tar stream's consecutive members by key into WebDataset samples."""
+    sample: dict | None = None
+    complete: set[str] = set()  # the members a whole sample of this shard has
+    try:
+        for member, data in tarstream.members(stream):
+            name = member.rsplit("/", 1)[-1]
+            key, _, extension = name.partition(".")
+            prefix = member[: len(member) - len(name)] + key
+            if sample is None or sample["__key__"] != prefix:
+                if sample is not None:
+                    complete = complete or set(sample)
+                    yield sample
+                sample = {"__key__": prefix, "__url__": url}
+            sample[extension.lower()] = data
+    except tarstream.TarFormatError as error:
+        # The sample being assembled counts if the damage lies in the next one, or it has every member.
+        damaged = error.member.rsplit("/", 1)[-1].partition(".")[0] if error.member else None
+        pending_key = sample["__key__"].rsplit("/", 1)[-1] if sample else None
+        if sample is not None and ((damaged and damaged != pending_key) or (complete and set(sample) >= complete)):
+            yield sample
+        raise BrokenShard(str(error)) from None
+    if sample is not None:
+        yield sample
+
+
+class DamageCounters:
+    """Damage tallies shared by one rank's DataLoader workers: undecodable samples, broken shards and the
+    samples those shards lost."""
+
+    CORRUPT, BROKEN, LOST = range(3)
+
+    def __init__(self, context: multiprocessing.context.BaseContext):
+        self.values = context.Array("q", 3)
+
+    def add(self, which: int, count: int = 1) -> None:
+        with self.values.get_lock():
+            self.values[which] += count
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """(corrupt samples, broken shards, lost samples) so far."""
+        with self.values.get_lock():
+            return tuple(self.values)  # type: ignore[return-value]
+
+
+_reported: set[tuple[str, str]] = set()  # (shard, message) pairs this process already warned about
+
+
+def _warn_once(url: str, message: str, *args) -> None:
+    if (url, message) not in _reported:
+        _reported.add((url, message))
+        log.warning(message, url, *args)
+
+
+_mismatched: set[str] = set()  # shards this process found not to match their index: never read again
+
+
+@dataclass(frozen=True)
+class ShardReading:
+    """How a rank's workers read shards: the I/O budget, what to do with damage, and what to expect.
+
+    `verify`: check each shard against the sha256 (and size) its index records. Without a cache the bytes
+    are hashed as they are read, so a mismatch is known only at the shard's end, after its samples were
+    yielded; holding a whole shard back (~100s of MB per open shard, 4 per worker when resampled) is not an
+    option. The shard is then counted broken, named in a warning (a hard error under --on-broken-shard fail)
+    and never read again by this process. With --cache-dir, a remote shard is fetched whole into the cache
+    and checked before any sample is read from it (MosaicML streaming and FFCV do the same), at the price of
+    no longer overlapping the first download of each shard with its decoding.
+    """
+
+    io_timeout: float = IO_TIMEOUT
+    on_broken: str = BrokenShardPolicy.SKIP.value
+    expected: Mapping[str, ShardInfo] = field(default_factory=dict)
+    cache_dir: str = ""
+    verify: bool = True
+
+    def checksum(self, url: str) -> str | None:
+        """The sha256 to check `url` against, or None when not verifying or the index records none."""
+        expected = self.expected.get(url)
+        return expected.sha256 if self.verify and expected else None
+
+    def cached(self, url: str) -> bool:
+        """Whether `url` is read through the node-local cache."""
+        return bool(self.cache_dir) and storage.is_url(url)
+
+    def open(self, url: str):
+        """The shard's bytes: from the cache (checked before use when verifying), or straight from `url`."""
+        remote = lambda u: storage.open_stream(u, self.io_timeout)  # noqa: E731
+        if self.cached(url):
+            sha256 = self.checksum(url)
+            if sha256:
+                return open_verified(url, self.cache_dir, remote, sha256, self.expected[url].filesize)
+            return open_cached(url, self.cache_dir, remote)
+        return storage.open_stream(url, self.io_timeout)
+
+
+def read_shards(
+    urls: Iterable[str],
+    reading: ShardReading = ShardReading(),
+    counters: DamageCounters | None = None,
+    max_empty: int | None = None,
+) -> Iterator[dict]:
+    """Samples of each shard in turn. An outage is waited out (`reading.io_timeout`); a broken shard keeps the
+    samples before the damage and, unless `reading.on_broken` is "fail", the stream goes on with the next one.
+
+    `max_empty` bounds how many shards in a row may yield nothing, so an endless resampled stream over
+    unusable shards fails instead of spinning forever.
+    """
+    empty = 0
+    for url in urls:
+        expected = reading.expected.get(url)
+        sha256 = reading.checksum(url)
+        count = 0
+        try:
+            if sha256 and url in _mismatched:
+                raise DigestMismatch("did not match its index's sha256 when read before; not read again")
+            with reading.open(url) as stream:
+                size = storage.stream_size(stream)
+                if expected and expected.filesize and size is not None and size != expected.filesize:
+                    _warn_once(url, "shard %s is %d bytes; the index says %d", size, expected.filesize)
+                # A cached shard was checked before it was opened; any other is hashed while it is read.
+                verifying = None
+                if sha256 and not reading.cached(url):
+                    verifying = VerifyingReader(stream, sha256, expected.filesize if expected else None)
+                for sample in samples_in_tar(verifying or stream, url):
+                    count += 1
+                    yield sample
+                if verifying:
+                    verifying.finish()
+        except (BrokenShard, DigestMismatch) as error:
+            if isinstance(error, DigestMismatch) and sha256:
+                _mismatched.add(url)
+            if reading.on_broken == BrokenShardPolicy.FAIL:
+                raise ImagenetTrainError(f"{url}: broken shard ({error}; --on-broken-shard fail)") from None
+            lost = max(0, expected.samples - count) if expected else 0
+            if counters:
+                counters.add(DamageCounters.BROKEN)
+                counters.add(DamageCounters.LOST, lost)
+            if isinstance(error, DigestMismatch) and count:
+                _warn_once(
+                    url,
+                    "broken shard %s: %s; its %d samples were ALREADY USED (the mismatch shows only at the "
+                    "shard's end; --cache-dir checks every shard before use), lost %d",
+                    error,
+                    count,
+                    lost,
+                )
+            else:
+                _warn_once(
+                    url, "broken shard %s: %s; kept %d samples, lost %s", error, count, lost if expected else "unknown"
+                )
+        empty = 0 if count else empty + 1
+        if max_empty is not None and empty >= max_empty:
+            raise ImagenetTrainError(f"{url}: {empty} shards in a row held no samples; check the shard list")
+
+
+def shuffled(items: Iterable, buffer: int, rng: random.Random) -> Iterator:
+    """Shuffle a stream through a buffer of `buffer` items."""
+    pool: list = []
+    for item in items:
+        if len(pool) < buffer:
+            pool.append(item)
+            continue
+        slot = rng.randrange(len(pool))
+        yield pool[slot]
+        pool[slot] = item
+    rng.shuffle(pool)
+    yield from pool
+
+
+def interleaved(streams: Sequence[Iterator], rng: random.Random) -> Iterator:
+    """Items of several streams, each next item from one of them drawn at random, until all are done."""
+    active = list(streams)
+    while active:
+        slot = rng.randrange(len(active))
+        try:
+            yield next(active[slot])
+        except StopIteration:
+            active.pop(slot)
+
+
+def decoded(samples: Iterable[dict], transform: Callable, counters: DamageCounters) -> Iterator[tuple]:
+    """(uint8 image, label, key) per sample from `transform(jpeg bytes)`; undecodable samples are skipped,
+    logged and counted."""
+    for sample in samples:
+        try:
+            image = transform(sample["jpg"])
+            label = int(sample["cls"])
+        except Exception as error:  # any bad sample: PIL, libjpeg and parsing errors alike
+            counters.add(DamageCounters.CORRUPT)
+            log.warning(
+                "skipping corrupt sample %s in %s: %s",
+                sample.get("__key__"),
+                sample.get("__url__"),
+                error if not isinstance(error, KeyError) else f"missing {error}",
+            )
+            continue
+        yield image, label, sample["__key__"]
+
+
+def collate(samples: Sequence[tuple]) -> Batch:
+    """Stack (image, label, key) samples into (images, labels, keys).
+
+    In a DataLoader worker the batch is stacked straight into shared memory (as torch's default_collate
+    does), instead of being copied there again when it is sent to the training process.
+    """
+    first = samples[0][0]
+    out = None
+    if get_worker_info() is not None:
+        storage = first._typed_storage()._new_shared(first.numel() * len(samples), device=first.device)
+        out = first.new(storage).resize_(len(samples), *first.shape)
+    images = torch.stack([s[0] for s in samples], out=out)
+    labels = torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
+    return images, labels, [s[2] for s in samples]
+
+
+def batched(samples: Iterable, batch_size: int, partial: bool, collate_fn: Callable = collate) -> Iterator:
+    """Group samples into batches; the last short batch is kept only when `partial`.
+
+    A lone sample left over at the end joins the last full batch instead (plan.batches_for agrees): a batch
+    of one cannot train BatchNorm.
+    """
+    pending: list = []
+    held: list | None = None  # the last full batch, held back until we know whether one sample follows
+    for sample in samples:
+        pending.append(sample)
+        if len(pending) == batch_size:
+            if held is not None:
+                yield collate_fn(held)
+            held, pending = pending, []
+    if partial and len(pending) == 1 and held is not None:
+        held, pending = held + pending, []
+    if held is not None:
+        yield collate_fn(held)
+    if pending and partial:
+        yield collate_fn(pending)

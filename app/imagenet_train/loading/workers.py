@@ -1,0 +1,106 @@
+"""DataLoader worker processes: where they come from (a forkserver), how they start, die and are stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Iterator
+
+# What the forkserver imports once, before it forks any worker. The first two only set up the forkserver
+# itself (signal dispositions, death with its rank); the epoch stream pulls in torch and the stages, so a
+# worker starts with them already imported and only unpickles its ShardStream.
+FORKSERVER_PRELOAD = [
+    "imagenet_train.loading.loader_signals",
+    "imagenet_train.loading.forkserver_dies_with_rank",
+    "imagenet_train.loading.stream",
+]
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """Where DataLoader workers come from: a clean forkserver, never a fork of the training process.
+
+    Forking a rank that already runs gloo/NCCL and tqdm threads can deadlock the child inside fork
+    (seen here: a val worker stuck before it started, its rank waiting forever, the peer rank
+    blocked in all_reduce). The forkserver preloads the loader's modules, so workers still start fast.
+    """
+    context = multiprocessing.get_context("forkserver")
+    if not _preloaded:
+        start_resource_tracker()
+        context.set_forkserver_preload(FORKSERVER_PRELOAD)
+        _preloaded.append(True)
+    return context
+
+
+_preloaded: list = []
+
+
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker deaf to SIGUSR1, as it already is to SIGINT and SIGTERM.
+
+    Slurm sends its pre-emption signal to every process of a job step: a tracker killed by it is relaunched
+    while the rank shuts its loaders down, prints a KeyError traceback per semaphore and can no longer clean
+    up. A signal blocked while the tracker starts stays blocked in it (the mask survives fork and exec).
+    """
+    from multiprocessing import resource_tracker
+
+    if not hasattr(signal, "pthread_sigmask"):
+        resource_tracker.ensure_running()
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def main_script_hidden() -> Iterator[None]:
+    """Start worker processes without the `__main__` script, so loaders work from any script or notebook.
+
+    multiprocessing has each forkserver child run the main script again (as `__mp_main__`): a script that
+    builds a loader at top level, without an `if __name__ == "__main__":` guard, would start over in every
+    worker and the workers would die. Worker code lives in this package and never needs `__main__`.
+    """
+    main = sys.modules["__main__"]
+    script = main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        if script is not None:
+            main.__file__ = script
+
+
+def die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies.
+
+    A rank killed outright (OOM killer, SIGKILL) cannot shut its loader down; without this its
+    forkserver and DataLoader workers live on, each holding hundreds of MB. The forkserver dies with
+    its rank, the workers with their forkserver (PyTorch's own watchdog only sees the forkserver).
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before the request took effect
+            os._exit(1)
+
+
+def worker_init(_: int) -> None:
+    """Run first in every DataLoader worker: die with the forkserver, leave pre-emption signals to the rank."""
+    die_with_parent()
+    from imagenet_train.loading import loader_signals  # noqa: F401 (its import sets the dispositions; also without a forkserver)
+
+
+def stop_workers(batches) -> None:
+    """Stop a DataLoader iterator's workers, killing those that outlive torch's own shutdown."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown:
+        shutdown()
+    for worker in getattr(batches, "_workers", []):
+        if worker.is_alive():  # it ignores SIGTERM (loader_signals), so torch's terminate() cannot end it
+            worker.kill()
+            worker.join(timeout=5)
