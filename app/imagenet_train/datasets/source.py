@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from imagenet_train.datasets.index import ShardIndex, load_index
 from imagenet_train.errors import ImagenetTrainError
@@ -82,3 +83,16 @@ def resolve_source(
     if not urls:
         raise ImagenetTrainError(f"--train-urls: '{train_urls}' names no shards")
     return DataSource(urls, expand_urls(val_urls), None, train_samples, num_classes)
+
+
+def run_source(data: Any) -> DataSource:
+    """The shards a run's data settings (config.DataConfig) name: what every launcher trains on."""
+    return resolve_source(
+        data.shards,
+        data.train_urls,
+        data.val_urls,
+        data.train_samples,
+        data.num_classes,
+        data.io_timeout,
+        data.trust_index,
+    )

@@ -21,7 +21,7 @@ ensure_torchvision()  # Lightning imports torchvision (through torchmetrics) as 
 import lightning
 
 from imagenet_train.config import Config
-from imagenet_train.datasets.source import resolve_source
+from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.presets import normalize
 from imagenet_train.loading.stream import EpochLoader
@@ -70,16 +70,7 @@ class ShardDataModule(lightning.LightningDataModule):
         cfg.validate()
         refuse_uneven_modes(cfg)
         self.cfg = cfg
-        data = cfg.data
-        self.source = resolve_source(
-            data.shards,
-            data.train_urls,
-            data.val_urls,
-            data.train_samples,
-            data.num_classes,
-            data.io_timeout,
-            data.trust_index,
-        )
+        self.source = run_source(cfg.data)
         self.schedule: Schedule | None = None
         self.train_batches: EpochLoader | None = None
         self.val_batches: EpochLoader | None = None

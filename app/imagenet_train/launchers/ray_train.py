@@ -39,21 +39,12 @@ def world_size(options: RayOptions, cluster_gpus: int) -> tuple[int, bool]:
 
 def run(cfg: Config, options: RayOptions) -> dict:
     """Train `cfg` on the Ray cluster; returns the last epoch's metrics."""
-    from imagenet_train.datasets.source import resolve_source
+    from imagenet_train.datasets.source import run_source
     from imagenet_train.training.parts import preflight_check
 
     cfg.validate()
-    data = cfg.data
     # Bad shards or a hanging layout fail here, once, instead of in every worker on every restart.
-    source = resolve_source(
-        data.shards,
-        data.train_urls,
-        data.val_urls,
-        data.train_samples,
-        data.num_classes,
-        data.io_timeout,
-        data.trust_index,
-    )
+    source = run_source(cfg.data)
     try:
         import ray
         from ray.train import FailureConfig, ScalingConfig

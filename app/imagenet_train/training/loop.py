@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from imagenet_train.config import Config
-from imagenet_train.datasets.source import DataSource, resolve_source
+from imagenet_train.datasets.source import DataSource, run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.dali import DaliAugment, DaliDecoder
 from imagenet_train.loading.options import Decoder
@@ -499,16 +499,7 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     """The run, with the trainer (its DDP model and loader processes) released before the caller tears down
     the process group, also when the run ends in an error or a pre-emption: torn down the other way round,
     a rank can block in its exit past the grace period."""
-    data = cfg.data
-    source = resolve_source(
-        data.shards,
-        data.train_urls,
-        data.val_urls,
-        data.train_samples,
-        data.num_classes,
-        data.io_timeout,
-        data.trust_index,
-    )
+    source = run_source(cfg.data)
     trainer: Trainer | None = None
     failure: BaseException | None = None
     try:
