@@ -1,7 +1,7 @@
 """Checking a shard's bytes against the sha256 and size its index records, as they are read (no second pass).
 
 sha256 runs at ~1.4 GB/s on one core here with SHA-NI; the loader decodes ~400 images/s per core at ~110 KB
-each (~44 MB/s), so hashing everything it reads costs ~3% of the decode (BENCHMARKS.md, P1/P2).
+each (~44 MB/s), so hashing everything it reads costs ~3% of the decode (docs/benchmarks.md, P1/P2).
 """
 
 from __future__ import annotations
