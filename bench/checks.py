@@ -26,9 +26,12 @@ def measure(shards: Path, workers: int, verify_too: bool) -> dict:
     """One process's figures for the package on its PYTHONPATH."""
     import torch
 
-    from imagenet_train.datasets.source import resolve_source
-    from imagenet_train.loading.stages import ShardReading
-    from imagenet_train.loading.stream import EpochLoader, ShardStream
+    try:
+        from imagenet_train.datasets.source import resolve_source
+        from imagenet_train.loading.stages import ShardReading
+        from imagenet_train.loading.stream import EpochLoader, ShardStream
+    except ImportError:  # the "before" package (7d64f4e): one loading/pipeline.py
+        from imagenet_train.loading.pipeline import EpochLoader, ShardReading, ShardStream, resolve_source
 
     sys.path.insert(0, str(HERE))
     import loader

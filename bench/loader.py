@@ -18,11 +18,15 @@ from pathlib import Path
 import torch
 
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.datasets.source import resolve_source
 from imagenet_train.loading.dali import available as dali_available
 from imagenet_train.loading.presets import IMAGENET_MEAN, IMAGENET_STD, TrainPreset, normalize
-from imagenet_train.loading.stages import ShardReading
-from imagenet_train.loading.stream import EpochLoader, ShardStream
+
+try:
+    from imagenet_train.datasets.source import resolve_source
+    from imagenet_train.loading.stages import ShardReading
+    from imagenet_train.loading.stream import EpochLoader, ShardStream
+except ImportError:  # the package before the loader split (bench/checks.py runs it as "before")
+    from imagenet_train.loading.pipeline import EpochLoader, ShardReading, ShardStream, resolve_source
 
 ensure_torchvision()
 from torch.utils.data import DataLoader  # noqa: E402
