@@ -79,16 +79,14 @@ def main() -> None:
         result["synthetic"] = timed(trainer, iter(lambda: (images, labels, []), None), args.steps, args.warmup)
     name = f"{args.decoder}_{args.workers}w"
     try:
-        loader = trainer.train_loader
-        result[name] = timed(
-            trainer, trainer.batches(loader, trainer.train_augment), args.steps, args.warmup, args.sync_check
-        )
+        trainer.batches.train.start_epoch(0, batches=args.warmup + args.steps)
+        result[name] = timed(trainer, trainer.batches.train_batches(), args.steps, args.warmup, args.sync_check)
         if args.sync_check:
             result[name]["sync_check"] = f"passed: no host-device sync in {args.steps} steps"
     except RuntimeError as error:
         result[name] = {"error": str(error).splitlines()[0][:300]}
     finally:
-        trainer.train_loader.close()
+        trainer.batches.close()
     print(json.dumps(result), flush=True)
 
 

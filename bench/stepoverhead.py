@@ -69,11 +69,13 @@ class Spans:
 def instrument(trainer: Trainer) -> dict[str, Spans]:
     """Time the model's forward and the loss, backward, the optimizer step and each batch hand-over."""
     spans = {name: Spans() for name in ("forward", "backward", "optimizer", "batch")}
-    for module in (trainer.model, trainer.criterion):
+    step = getattr(trainer, "step", None)
+    parts = step if hasattr(step, "criterion") else trainer  # the step's own object, or the older Trainer's fields
+    for module in (trainer.model, parts.criterion):
         module.register_forward_pre_hook(spans["forward"].open)
         module.register_forward_hook(spans["forward"].close)
     torch.Tensor.backward = spans["backward"].wrap(torch.Tensor.backward)
-    trainer.optimizer.step = spans["optimizer"].wrap(trainer.optimizer.step)
+    parts.optimizer.step = spans["optimizer"].wrap(parts.optimizer.step)
     iterate = EpochLoader.__iter__
 
     def handed_over(loader):
@@ -102,11 +104,12 @@ def measure(args: argparse.Namespace) -> dict:
     first_waits, windows = [], []
     for epoch in range(args.epochs):
         start, handed = time.perf_counter(), len(spans["batch"].spans)
-        trainer.train_epoch(epoch)
+        (getattr(trainer, "train_one_epoch", None) or trainer.train_epoch)(epoch)
         ends = [end for _, end in spans["batch"].spans[handed:]]
         first_waits.append(ends[0] - start)
         windows.append((ends[0], ends[-1], len(ends) - 1))  # a step per interval between hand-overs
-    close = getattr(trainer.train_loader, "close", None)
+    loaders = getattr(trainer, "batches", None) or trainer.train_loader
+    close = getattr(loaders, "close", None)
     if close:
         close()
     steps = sum(n for _, _, n in windows)

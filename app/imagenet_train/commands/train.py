@@ -56,7 +56,7 @@ def train_config(options: list[str]):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from imagenet_train.training.loop import train
+    from imagenet_train.training.run import train
 
     train(args.config)
     return 0

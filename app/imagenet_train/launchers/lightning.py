@@ -23,19 +23,12 @@ import lightning
 from imagenet_train.config import Config
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.loading.batches import seed_augmentation, train_loader, val_loader
 from imagenet_train.loading.presets import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.training.dist import DistInfo
-from imagenet_train.training.parts import (
-    build_model,
-    parameter_groups,
-    preflight_check,
-    seed_augmentation,
-    train_loader,
-    val_loader,
-)
+from imagenet_train.training.parts import build_model, parameter_groups, preflight_check
 
 
 def refuse_uneven_modes(cfg: Config) -> None:
@@ -81,11 +74,11 @@ class ShardDataModule(lightning.LightningDataModule):
         world = trainer.world_size
         preflight_check(self.cfg, self.source.train_sizes, world)
         self.schedule = Schedule.of(self.cfg, self.source.train_samples, self.source.train_sizes, world)
-        info = DistInfo(trainer.global_rank, world, trainer.local_rank, trainer.strategy.root_device)
+        rank, device = trainer.global_rank, trainer.strategy.root_device
         # Every rank built the model from the same seed; from here each crops differently, as under `train`.
-        seed_augmentation(self.cfg.run.seed, trainer.global_rank)
-        self.train_batches = train_loader(self.cfg, info, self.source, self.schedule)
-        self.val_batches = val_loader(self.cfg, info, self.source)
+        seed_augmentation(self.cfg.run.seed, rank)
+        self.train_batches = train_loader(self.cfg, rank, world, device, self.source, self.schedule.epoch_batches(0))
+        self.val_batches = val_loader(self.cfg, rank, world, device, self.source)
 
     def train_dataloader(self) -> EpochBatches:
         return EpochBatches(self.train_batches, self.trainer)

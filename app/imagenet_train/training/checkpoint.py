@@ -1,4 +1,5 @@
-"""Checkpoints written atomically (temp file, fsync, rename) and found again for --resume.
+"""Checkpoints written atomically (temp file, fsync, rename) and found again for --resume, and the run state
+they hold.
 
 A checkpoint holds tensors and plain data only (dicts, lists, strings, numbers), so it is read with
 `torch.load(weights_only=True)`: a file planted in a run directory or a results bucket cannot run code.
@@ -15,12 +16,14 @@ import shutil
 import warnings
 from collections import OrderedDict
 from pathlib import Path, PurePath
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write
+from imagenet_train.planning.position import Position
 
 _NAME = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{6,}))?\.pt$")
 
@@ -191,3 +194,54 @@ def prune_steps(run_dir: str, keep: Path) -> None:
     for path in folder.glob("epoch-*-step-*.pt"):
         if path != keep and _NAME.match(path.name):
             path.unlink(missing_ok=True)
+
+
+class Stateful(Protocol):
+    """Anything with torch's state-dict pair: a module, an optimizer, a grad scaler, an EMA."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> Any: ...
+
+
+class RunState:
+    """What a checkpoint holds of a run: its parts' state dicts (model, optimizer, scaler, and whatever a hook
+    adds, such as an EMA), plain facts about the run (schedule, config), and where in the run it was taken."""
+
+    def __init__(self, run_dir: str | Path, parts: dict[str, Stateful], facts: dict[str, Any]):
+        self.run_dir, self.parts, self.facts = Path(run_dir), dict(parts), facts
+        self.optional: set[str] = set()
+
+    def add(self, name: str, part: Stateful) -> None:
+        """Save `part` with the rest; a checkpoint from a run without it resumes with `part` as it is."""
+        self.parts[name] = part
+        self.optional.add(name)
+
+    def write(self, epoch: int, position: Position | None = None) -> Path:
+        """Write the state after `epoch` completed, or at `position` inside the next epoch; prune older steps."""
+        state = {
+            "epoch": epoch,
+            "position": position.to_dict() if position else None,
+            **{name: part.state_dict() for name, part in self.parts.items()},
+            **self.facts,
+        }
+        step = position.step if position else None
+        path = checkpoint_path(str(self.run_dir), position.epoch if position else epoch, step)
+        save(state, path)
+        prune_steps(str(self.run_dir), keep=path)
+        return path
+
+    def restore(self, path: Path) -> tuple[int, Position | None]:
+        """Load a checkpoint into the parts; returns the epoch to continue at and the position inside it."""
+        state = load(path)
+        try:
+            for name, part in self.parts.items():
+                if name in state or name not in self.optional:
+                    part.load_state_dict(state[name])
+            if state.get("position"):
+                position = Position.from_dict(state["position"])
+                return position.epoch, position
+            return int(state["epoch"]) + 1, None
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:  # another model, or a hand-made file
+            reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
+            raise ImagenetTrainError(f"{path}: checkpoint does not fit this run ({reason})") from None

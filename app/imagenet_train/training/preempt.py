@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -75,6 +76,13 @@ class StepVote(Joinable):
     def fail(self, error: BaseException) -> None:
         """Note this rank's failure; every rank stops at the next vote and the error is raised then."""
         self.failure = self.failure or error
+
+    def guard(self, action: Callable[..., object], *args: object) -> None:
+        """Run a rank-local write; a failure stops every rank at the next vote instead of leaving them waiting."""
+        try:
+            action(*args)
+        except (ImagenetTrainError, OSError) as error:
+            self.fail(error if isinstance(error, ImagenetTrainError) else ImagenetTrainError(f"{error}"))
 
     def _local(self) -> tuple[int, int]:
         return self.request.signum, (self.info.rank + 1) if self.failure else 0

@@ -96,3 +96,29 @@ def fetch_for_resume(url: str, run_dir: str | Path, io_timeout: float = IO_TIMEO
     if not gcs.listing(url.rstrip("/") + "/", io_timeout):
         return 0
     return transfer.sync_tree(url, str(run_dir), io_timeout=io_timeout)
+
+
+class ResultsMirror:
+    """A run's --results mirror as the loop uses it: one uploader per node (its local rank 0), a no-op elsewhere
+    and without --results."""
+
+    def __init__(self, run_dir: str | Path, url: str, io_timeout: float, local_rank: int):
+        self.run_dir, self.url, self.io_timeout = Path(run_dir), url, io_timeout
+        self.uploader = ResultsUploader(run_dir, url, io_timeout) if url and local_rank == 0 else None
+
+    def sync(self) -> None:
+        """Start uploading what changed in the run directory."""
+        if self.uploader:
+            self.uploader.sync()
+
+    def finish(self, timeout: float) -> None:
+        """Wait (bounded) for the mirror; files that did not reach the bucket are one error line."""
+        if not self.uploader:
+            return
+        left = self.uploader.finish(timeout)
+        if left:
+            names = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+            raise ImagenetTrainError(
+                f"--results {self.url}: {len(left)} files did not upload ({names}); they are in "
+                f"{self.run_dir}, and --resume latest uploads them"
+            )

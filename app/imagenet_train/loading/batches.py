@@ -1,0 +1,156 @@
+"""A run's batches on the device: the train and val loaders built from the run's data settings, decoded by the
+loader workers or by DALI, and copied to the device one step ahead of the step that uses them.
+
+The training package asks for an epoch of batches and never sees a decoder. `cfg` is the run's Config, read
+by name (its data and run sections) so that loading/ never imports config, which imports loading's options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+from typing import Any
+
+import torch
+
+from imagenet_train.datasets.source import DataSource
+from imagenet_train.loading.dali import DaliAugment, DaliDecoder, jpeg_bytes, pack_jpegs
+from imagenet_train.loading.options import Decoder
+from imagenet_train.loading.prefetch import device_batches
+from imagenet_train.loading.presets import TrainPreset, ValPreset
+from imagenet_train.loading.shard_queue import job_queue
+from imagenet_train.loading.stages import Batch, ShardReading
+from imagenet_train.loading.stream import EpochLoader, ShardStream
+from imagenet_train.loading.workers import worker_context
+from imagenet_train.planning.plan import Mode
+
+
+def augmentation_seed(seed: int, rank: int) -> int:
+    """The seed of a rank's augmentation: each rank draws its own crops, reproducibly."""
+    return seed + 1000 * rank
+
+
+def seed_augmentation(seed: int, rank: int) -> None:
+    """Seed this process's torch RNG for `rank`'s augmentation (in-process, and the DataLoader workers' seeds).
+
+    Call it after the model is built from the shared seed: every rank must start with the same weights but
+    crop differently, or both halves of each global batch get the same crops.
+    """
+    torch.manual_seed(augmentation_seed(seed, rank))
+
+
+def shard_reading(data: Any, source: DataSource) -> ShardReading:
+    """How the loaders read shards: the outage budget, broken-shard policy, expected sizes and cache."""
+    return ShardReading(data.io_timeout, data.on_broken_shard, source.expected, data.cache_dir, data.verify_shards)
+
+
+def _per_sample(data: Any, preset: TrainPreset | ValPreset) -> tuple:
+    """The workers' per-sample transform and collate: the JPEG bytes for DALI to decode in the rank, else the
+    preset's decode and augmentation."""
+    if data.decoder == Decoder.DALI:
+        return partial(jpeg_bytes, max_pixels=data.max_image_pixels), pack_jpegs
+    return preset.build(), None
+
+
+def train_loader(
+    cfg: Any, rank: int, world: int, device: torch.device, source: DataSource, batches: int, queue=None
+) -> EpochLoader:
+    """This rank's training batches: `batches` per rank in resampled mode, every sample once otherwise."""
+    data = cfg.data
+    exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
+    preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder, data.max_image_pixels)
+    transform, collate = _per_sample(data, preset)
+    stream = ShardStream(
+        urls=source.train_urls,
+        transform=transform,
+        collate_fn=collate,
+        batch_size=data.batch_size,
+        rank=rank,
+        world=world,
+        resampled=not exact,
+        queue=queue,
+        repeat=data.repeat,
+        shuffle_buffer=data.shuffle_buffer,
+        seed=cfg.run.seed,
+        reading=shard_reading(data, source),
+    )
+    pin = device.type == "cuda" and data.decoder != Decoder.DALI
+    return EpochLoader(stream, data.workers, None if exact else batches, pin_memory=pin, timeout=data.loader_timeout)
+
+
+def val_loader(cfg: Any, rank: int, world: int, device: torch.device, source: DataSource) -> EpochLoader | None:
+    """This rank's share of the validation shards, read once in order (None without val shards)."""
+    if not source.val_urls:
+        return None
+    data = cfg.data
+    transform, collate = _per_sample(data, ValPreset(data.image_size, data.val_resize or None, data.max_image_pixels))
+    stream = ShardStream(
+        urls=source.val_urls,
+        transform=transform,
+        collate_fn=collate,
+        batch_size=data.batch_size,
+        rank=rank,
+        world=world,
+        resampled=False,
+        shuffle_shards=False,
+        shuffle_buffer=0,
+        reading=shard_reading(data, source),
+    )
+    pin = device.type == "cuda" and data.decoder != Decoder.DALI
+    return EpochLoader(stream, data.workers, pin_memory=pin, timeout=data.loader_timeout)
+
+
+def run_queue(mode: Mode, world: int, distributed: bool):
+    """The run's shard queue in queue mode (None otherwise), under a name no earlier attempt of this run used:
+    rank 0 draws it and every rank takes rank 0's."""
+    if mode != Mode.QUEUE:
+        return None
+    generation = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    if distributed:
+        torch.distributed.broadcast(generation, src=0)
+    return job_queue(f"imagenet-train/queue/{int(generation)}", world, worker_context())
+
+
+class RunBatches:
+    """A run's train and val loaders and the device-ready batches of each epoch: uint8 NCHW images, labels, keys."""
+
+    def __init__(self, cfg: Any, rank: int, world: int, device: torch.device, source: DataSource, batches: int):
+        self.cfg, self.rank, self.device = cfg, rank, device
+        queue = run_queue(cfg.data.mode, world, world > 1)
+        self.train = train_loader(cfg, rank, world, device, source, batches, queue)
+        self.val = val_loader(cfg, rank, world, device, source)
+        data = cfg.data
+        self.augment = {
+            self.train: DaliAugment(data.image_size, True, data.min_crop_scale, data.hflip),
+            self.val: DaliAugment(data.image_size, False, resize=data.val_resize or None),
+        }
+        self.dali: dict[EpochLoader, DaliDecoder] = {}  # made on first use
+
+    def train_batches(self) -> Iterable[Batch]:
+        """The epoch the train loader was last started at (`self.train.start_epoch`), on the device."""
+        return self._on_device(self.train)
+
+    def val_batches(self) -> Iterable[Batch]:
+        """Every rank's share of the val shards once, on the device (empty without val shards)."""
+        return self._on_device(self.val) if self.val is not None else ()
+
+    def _on_device(self, loader: EpochLoader) -> Iterable[Batch]:
+        data = self.cfg.data
+        if data.decoder != Decoder.DALI:
+            return device_batches(loader, self.device)
+        if loader not in self.dali:
+            self.dali[loader] = DaliDecoder(
+                loader,
+                self.augment[loader],
+                data.batch_size,
+                self.device,
+                threads=max(data.workers, 1),
+                seed=augmentation_seed(self.cfg.run.seed, self.rank),
+            )
+        return device_batches(self.dali[loader], self.device)
+
+    def close(self) -> None:
+        """Stop both loaders' workers."""
+        for loader in (self.train, self.val):
+            if loader is not None:
+                loader.close()

@@ -1,0 +1,88 @@
+"""What the training loop calls around each step, besides the step itself: the position key log, the keys
+read (--log-keys), the mid-epoch checkpoint and the pre-emption vote. A recipe's per-step extra (an EMA) is
+one more hook; the loop reads the same with or without any of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from imagenet_train.training.key_log import KeyLog
+from imagenet_train.training.preempt import StepVote
+
+
+class StepHook:
+    """A hook of the training loop; each method does nothing unless a hook overrides it."""
+
+    def before_step(self, step: int, keys: list[str]) -> None:
+        """Called with the batch about to be trained on (its index in the epoch and its sample keys)."""
+
+    def after_step(self, step: int) -> bool:
+        """Called after the step; True ends the epoch here (every rank must agree: only the vote says so)."""
+        return False
+
+    def end(self) -> None:
+        """Called once when the epoch's loop is left, however it was left."""
+
+
+class PositionLog(StepHook):
+    """Exact modes: each batch's keys are logged before its step, so a mid-epoch resume can skip them."""
+
+    def __init__(self, run_dir: Path, epoch: int, rank: int, start: int, vote: StepVote):
+        self.log, self.vote = KeyLog(run_dir, epoch, rank, start), vote
+
+    def before_step(self, step: int, keys: list[str]) -> None:
+        """Log the batch's keys (a failed write stops every rank at the next vote)."""
+        self.vote.guard(self.log.fetched, step, keys)
+
+    def end(self) -> None:
+        """Close the epoch's log."""
+        self.log.close()
+
+
+class KeysRead(StepHook):
+    """--log-keys: every key this rank trained on, written under RUN_DIR/keys when the epoch ends."""
+
+    def __init__(self, run_dir: Path, epoch: int, rank: int, append: bool):
+        self.run_dir, self.epoch, self.rank, self.append = run_dir, epoch, rank, append
+        self.keys: list[str] = []
+
+    def before_step(self, step: int, keys: list[str]) -> None:
+        """Keep the batch's keys."""
+        self.keys.extend(keys)
+
+    def end(self) -> None:
+        """Write the epoch's keys (a resumed part of an epoch appends)."""
+        write_keys(self.run_dir, "train", self.epoch, self.rank, self.keys, self.append)
+
+
+def write_keys(run_dir: Path, split: str, epoch: int, rank: int, keys: list[str], append: bool = False) -> None:
+    """Write the keys `rank` read of `split` in `epoch` to RUN_DIR/keys (the --log-keys debug record)."""
+    folder = Path(run_dir) / "keys"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{split}-epoch{epoch:04d}-rank{rank}.txt", "a" if append else "w") as stream:
+        stream.write("".join(key + "\n" for key in keys))
+
+
+class MidEpochCheckpoint(StepHook):
+    """--checkpoint-every N: rank 0 checkpoints after every Nth step of the epoch (not after its last)."""
+
+    def __init__(self, every: int, steps: int, write: Callable[[int], object], vote: StepVote):
+        self.every, self.steps, self.write, self.vote = every, steps, write, vote
+
+    def after_step(self, step: int) -> bool:
+        """Checkpoint after `step` steps when due (a failed write stops every rank at the next vote)."""
+        if self.every and step % self.every == 0 and step < self.steps:
+            self.vote.guard(self.write, step)
+        return False
+
+
+class StopVote(StepHook):
+    """The per-step vote on a pre-emption signal or a rank's failure: every rank leaves at the same step."""
+
+    def __init__(self, vote: StepVote):
+        self.vote = vote
+
+    def after_step(self, step: int) -> bool:
+        """Vote; True when the ranks agreed to stop."""
+        return bool(self.vote.cast())

@@ -1,0 +1,62 @@
+"""Training on this rank as the launcher started it: the process group, the trainer, and the order they are
+torn down in."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from pathlib import Path
+
+from imagenet_train.config import Config
+from imagenet_train.datasets.source import run_source
+from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
+from imagenet_train.training.dist import DistInfo, cleanup, init_distributed, is_peer_lost, peer_lost_reason
+from imagenet_train.training.loop import Trainer
+from imagenet_train.training.preempt import StopRequest
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: Config) -> dict:
+    """Run training on this rank as torchrun launched it; returns the last epoch's metrics.
+
+    Raises Preempted after a clean stop on SIGTERM/SIGUSR1 (the CLI exits with 128 + the signal).
+    """
+    cfg.validate()
+    request = StopRequest()
+    request.install()  # before the first collective: a signal during start-up is noted, not fatal
+    info = init_distributed()
+    try:
+        result = _run_released(cfg.for_world(info.world), info, request)
+        if info.is_main:
+            print(f"run directory: {Path(cfg.run.run_dir).resolve()}", flush=True)
+        return result
+    finally:
+        cleanup()
+
+
+def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
+    """The run, with the trainer (its DDP model and loader processes) released before the caller tears down
+    the process group, also when the run ends in an error or a pre-emption: torn down the other way round,
+    a rank can block in its exit past the grace period."""
+    source = run_source(cfg.data)
+    trainer: Trainer | None = None
+    failure: BaseException | None = None
+    try:
+        trainer = Trainer(cfg, info, source, request)  # DDP's constructor broadcasts: a peer can be lost here too
+        return trainer.run()
+    except (Preempted, ImagenetTrainError) as error:
+        failure = error.with_traceback(None)  # the traceback holds the loop's frames and, in them, the loaders
+        failure.__context__ = failure.__cause__ = None
+    except Exception as error:
+        if not is_peer_lost(error):
+            raise
+        log.debug("a collective failed", exc_info=error)
+        failure = PeerLost(
+            f"rank {info.rank}: another rank is gone ({peer_lost_reason(error)}); exit {PeerLost.exit_code} asks the "
+            f"launcher to restart every node, which resumes from the last checkpoint with --resume latest"
+        )
+    finally:
+        del trainer
+        gc.collect()
+    raise failure

@@ -1,0 +1,86 @@
+"""The model as each rank trains it (on the device, under DDP, compiled) and one optimisation step on a device
+batch: normalise, forward under autocast, scaled backward, clip, step."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from imagenet_train.config import Amp
+from imagenet_train.loading.presets import normalize
+from imagenet_train.training.dist import DistInfo
+
+log = logging.getLogger(__name__)
+
+
+def amp_dtype(mode: Amp | str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype: bf16 on capable GPUs under 'auto', nothing on CPU unless asked."""
+    if mode == Amp.OFF or (mode == Amp.AUTO and device.type != "cuda"):
+        return None
+    if mode == Amp.FP16:
+        return torch.float16
+    if mode == Amp.AUTO and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def distribute(
+    model: torch.nn.Module, info: DistInfo, channels_last: bool, compile_model: bool, joined: bool
+) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """The model on this rank's device, its DDP wrapper (the model itself on one process) and what the step
+    calls (the wrapper, compiled under --compile unless `joined`: Join shadows DDP's collectives)."""
+    model = model.to(info.device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    ddp = DistributedDataParallel(model) if info.enabled else model
+    if info.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: pick the fastest kernels once
+    if compile_model and joined and info.enabled:
+        if info.is_main:
+            log.warning("--compile: not applied in split or queue mode across ranks (Join's collectives)")
+        return model, ddp, ddp
+    return model, ddp, torch.compile(ddp) if compile_model else ddp
+
+
+class TrainStep:
+    """The model's training step: `step(images, labels)` updates the weights and returns the loss (no host sync)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        forward: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        criterion: torch.nn.Module,
+        amp: torch.dtype | None,
+        channels_last: bool,
+        clip_grad_norm: float = 0.0,
+    ):
+        self.model, self.forward, self.optimizer, self.criterion = model, forward, optimizer, criterion
+        self.amp, self.channels_last, self.clip_grad_norm = amp, channels_last, clip_grad_norm
+        device = next(model.parameters()).device
+        self.device = device
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+
+    def set_lr(self, lr: float) -> None:
+        """Set every parameter group's learning rate."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One optimisation step on a uint8 batch; returns the loss (on the device, float64, detached)."""
+        if len(labels) == 1:  # a worker's only sample (damaged data): BatchNorm cannot train on a batch of one
+            images, labels = images.expand(2, *images.shape[1:]), labels.expand(2)
+        images = normalize(images.to(self.device, non_blocking=True), self.channels_last)
+        labels = labels.to(self.device, non_blocking=True)
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            loss = self.criterion(self.forward(images), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.clip_grad_norm:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.detach().double()
