@@ -15,6 +15,7 @@ class Parser(argparse.ArgumentParser):
     """argparse with the project's error format: one line naming the flag, exit code 2."""
 
     def error(self, message: str) -> NoReturn:
+        """Exit with code 2 after one `imagenet-train: error:` line naming the flag."""
         message = message.removeprefix("argument ")
         self.exit(2, f"imagenet-train: error: {one_line(message)}\n")
 

@@ -12,6 +12,7 @@ from imagenet_train.settings import choice, number, text
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
+    """Convert a dataset into shards and their index, and report what was kept, skipped or re-encoded."""
     from imagenet_train.datasets.convert import ShardOptions, convert
 
     options = ShardOptions(
@@ -68,6 +69,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
+    """Print an index's classes and, per split, its samples, shards and shard URLs in brace notation."""
     from imagenet_train.datasets.index import brace, load_index
 
     index = load_index(args.location, trust_index=args.trust_index)
@@ -85,6 +87,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_demo_data(args: argparse.Namespace) -> int:
+    """Write the digits dataset as ImageNet-layout JPEGs and print how many images each split got."""
     from imagenet_train.datasets.digits import write_digits
 
     counts = write_digits(args.output, size=args.size, seed=args.seed)

@@ -15,6 +15,7 @@ from imagenet_train.settings import number, text
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve a shard directory with nginx until Ctrl-C or SIGTERM."""
     from imagenet_train.ops.serve import NginxServer
 
     # Before nginx starts: a SIGTERM that came between the banner and a later handler would end this process
@@ -36,6 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    """Check a shard source by reading its index and one shard (retrying for --wait), and print what was read."""
     from imagenet_train.ops.probe import probe, wait_for
 
     location = args.location

@@ -46,6 +46,7 @@ def _plan_setup(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    """Print the plan and its verdict (checked against the real loaders with --simulate); 1 on a hang or mismatch."""
     from imagenet_train.planning import plan
 
     setup, urls = args.setup

@@ -36,6 +36,7 @@ def _signal(value: str) -> str:
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
+    """Run one `imagenet-train launch` per host over SSH (with --dry-run, print the ssh commands instead)."""
     from imagenet_train.launchers.ssh import (
         SshOptions,
         forwarded_environment,
@@ -66,12 +67,14 @@ def cmd_ssh(args: argparse.Namespace) -> int:
 
 
 def cmd_ssh_node(args: argparse.Namespace) -> int:
+    """Run the program on this host until it ends or the SSH session does; its exit code."""
     from imagenet_train.launchers.ssh_node import run
 
     return run(_program(args.program), args.grace_period, args.environment_on_stdin)
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
+    """Write the sbatch script that runs one `imagenet-train launch` per node, and with --submit submit it."""
     from imagenet_train.launchers.slurm import BatchJob, submit, write_script
 
     job = BatchJob(

@@ -12,6 +12,7 @@ from imagenet_train.settings import number, text
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    """Run the program under torchrun as this launcher's (or --deployment's) environment describes it."""
     from imagenet_train.launchers.launch import run
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -36,6 +37,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_ray(args: argparse.Namespace) -> int:
+    """Train on a Ray cluster with Ray Train and print the last epoch's result."""
     from imagenet_train.launchers.ray_train import RayOptions, run
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -54,6 +56,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """Write a run's plots and print its summary table."""
     from pathlib import Path
 
     from imagenet_train.training.report import report

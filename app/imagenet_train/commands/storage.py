@@ -31,6 +31,7 @@ def _transfer(copies, copy, args: argparse.Namespace, verb: str, url: str) -> in
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
+    """Copy a directory to a gs:// prefix, skipping files already there with the same checksum."""
     from imagenet_train.io import gcs
     from imagenet_train.io.transfer import plan_upload
 
@@ -39,6 +40,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
+    """Copy a gs:// prefix to a directory, skipping files already there with the same checksum."""
     from imagenet_train.io import gcs
     from imagenet_train.io.transfer import plan_sync
 
@@ -48,6 +50,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_fill(args: argparse.Namespace) -> int:
+    """Sync the deployment's shards.nginx.fill.from onto the shard volume (the chart's fill pod)."""
     from imagenet_train.io import gcs
     from imagenet_train.io.transfer import plan_sync
 

@@ -48,12 +48,15 @@ class ShardIndex:
 
     @property
     def classes(self) -> list[str]:
+        """The class names, in label order."""
         return list(self.data.get("classes", []))
 
     def splits(self) -> list[str]:
+        """The names of the index's splits."""
         return list(self.data.get("splits", {}))
 
     def shards(self, split: str) -> list[dict]:
+        """The shard entries of `split`; a split the index lacks is a one-line error."""
         splits = self.data.get("splits", {})
         if split not in splits:
             raise ImagenetTrainError(
@@ -67,6 +70,7 @@ class ShardIndex:
         return list(self.resolved[split])
 
     def sizes(self, split: str) -> list[int]:
+        """Each shard's number of samples in `split`."""
         return [shard["nsamples"] for shard in self.shards(split)]
 
     def filesizes(self, split: str) -> list[int | None]:
@@ -86,6 +90,7 @@ class ShardIndex:
         return sums
 
     def nsamples(self, split: str) -> int:
+        """The number of samples in `split`."""
         return sum(self.sizes(split))
 
 

@@ -33,6 +33,7 @@ class SourceImage:
     name: str = ""  # the image's own file name, for reports
 
     def read(self) -> bytes:
+        """The image's bytes."""
         with open(self.path, "rb") as stream:
             if self.offset < 0:
                 return stream.read()
@@ -40,6 +41,7 @@ class SourceImage:
             return stream.read(self.size)
 
     def describe(self) -> str:
+        """Where the image is, for reports: its file, or the tar file and its member's name."""
         return self.path if self.offset < 0 else f"{self.path}:{self.name}"
 
 

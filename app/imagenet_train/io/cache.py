@@ -22,6 +22,7 @@ from imagenet_train.io.integrity import DigestMismatch, copy_verified
 
 
 def cache_path(cache_dir: str, url: str) -> str:
+    """Where the cached copy of the shard at `url` lives in `cache_dir`."""
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
     return os.path.join(cache_dir, f"{digest}-{os.path.basename(url.split('?')[0]) or 'shard'}")
 

@@ -225,6 +225,7 @@ def upload_chunk() -> int:
 
 
 def sessions_dir() -> str:
+    """The folder of resumable-upload sessions: IMAGENET_TRAIN_UPLOAD_SESSIONS, else one in the user's cache."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.environ.get("IMAGENET_TRAIN_UPLOAD_SESSIONS") or os.path.join(base, "imagenet-train", "uploads")
 

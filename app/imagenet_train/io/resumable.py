@@ -50,9 +50,11 @@ def is_local(error: BaseException) -> bool:
 
 
 class Body(Protocol):
-    def read(self, size: int) -> bytes: ...
+    def read(self, size: int) -> bytes:
+        """Up to `size` bytes of the response; b"" at its end."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Let go of the connection."""
 
 
 @dataclass
@@ -161,9 +163,11 @@ class ResumableReader(io.RawIOBase):
         self.size = self.opened.size
 
     def readable(self) -> bool:
+        """True: the object can be read."""
         return True
 
     def readinto(self, buffer) -> int:
+        """Fill `buffer` with the next bytes, waiting out an outage; how many came (0 at the end)."""
         outage = None
         while True:
             try:
@@ -197,6 +201,7 @@ class ResumableReader(io.RawIOBase):
         self.opened = None
 
     def close(self) -> None:
+        """Close the stream and its connection."""
         if not self.closed:
             self._drop()
         super().close()

@@ -91,6 +91,7 @@ def nproc(values: Mapping[str, Any]) -> int:
 
 
 def run_name(values: Mapping[str, Any], release: str) -> str:
+    """The run's name: results.runName, else the release name."""
     return values["results"].get("runName") or release
 
 
@@ -105,6 +106,7 @@ def shards_url(values: Mapping[str, Any], name: str) -> str:
 
 
 def ais_endpoint(values: Mapping[str, Any], name: str) -> str:
+    """The AIStore proxy's URL: the one the chart deploys, else the configured endpoint."""
     aistore = values["shards"]["aistore"]
     return f"http://{name}-ais-proxy:51080" if aistore["deploy"] else aistore["endpoint"].rstrip("/")
 

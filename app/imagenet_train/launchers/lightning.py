@@ -81,9 +81,11 @@ class ShardDataModule(lightning.LightningDataModule):
         self.val_batches = val_loader(self.cfg, rank, world, device, self.source)
 
     def train_dataloader(self) -> EpochBatches:
+        """This rank's training batches, of the Trainer's current epoch each time they are iterated."""
         return EpochBatches(self.train_batches, self.trainer)
 
     def val_dataloader(self) -> EpochLoader | list:
+        """This rank's validation batches (none without a validation split)."""
         return self.val_batches or []
 
 
@@ -102,6 +104,7 @@ class ImagenetModule(lightning.LightningModule):
 
     @property
     def schedule(self) -> Schedule:
+        """The run's LR and batch schedule, made by the data module's setup."""
         return self.trainer.datamodule.schedule
 
     def setup(self, stage: str) -> None:
@@ -112,6 +115,7 @@ class ImagenetModule(lightning.LightningModule):
             )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        """SGD over the model's parameter groups with the run's momentum, starting at the schedule's base LR."""
         optim = self.cfg.optim
         return torch.optim.SGD(
             parameter_groups(self.model, optim.weight_decay),
@@ -121,6 +125,7 @@ class ImagenetModule(lightning.LightningModule):
         )
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        """One batch's training loss, with the learning rate set for this step."""
         images, labels, _ = batch
         lr = self.schedule.lr(self.current_epoch, batch_idx, self.schedule.epoch_batches(self.current_epoch))
         for group in self.optimizers().param_groups:
@@ -131,9 +136,11 @@ class ImagenetModule(lightning.LightningModule):
         return loss
 
     def on_validation_epoch_start(self) -> None:
+        """Zero the validation totals."""
         self.totals = torch.zeros(4, dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch, batch_idx: int) -> None:
+        """Add one batch's loss, top-1 and top-k hits and sample count to the validation totals."""
         images, labels, _ = batch
         logits = self.model(normalize(images, False))
         hits = logits.topk(self.topk, dim=1).indices.eq(labels.view(-1, 1))
@@ -142,6 +149,7 @@ class ImagenetModule(lightning.LightningModule):
         self.totals += torch.stack([value.double() for value in batch_totals])
 
     def on_validation_epoch_end(self) -> None:
+        """Log the epoch's validation loss and accuracy over all ranks, and append them to `history`."""
         loss, top1, topk, count = self.trainer.strategy.reduce(self.totals, reduce_op="sum").tolist()
         if self.trainer.sanity_checking or count == 0:
             return

@@ -51,6 +51,7 @@ class LocalQueue:
         self.epoch = context.Value("q", -1)
 
     def claim(self, epoch: int) -> int:
+        """The next unclaimed position in this epoch's shard order (may exceed the number of shards)."""
         with self.counter.get_lock():
             if self.epoch.value != epoch:
                 self.epoch.value, self.counter.value = epoch, 0

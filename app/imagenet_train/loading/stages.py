@@ -66,6 +66,7 @@ class DamageCounters:
         self.values = context.Array("q", 3)
 
     def add(self, which: int, count: int = 1) -> None:
+        """Count `count` more of tally `which` (CORRUPT, BROKEN or LOST)."""
         with self.values.get_lock():
             self.values[which] += count
 

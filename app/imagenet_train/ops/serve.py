@@ -64,6 +64,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def nginx_binary() -> str:
+    """The nginx executable's path; a one-line error when nginx is not installed."""
     found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
     if not found:
         raise ImagenetTrainError("nginx: not installed (apt-get install -y nginx)")
@@ -85,9 +86,11 @@ class NginxServer:
 
     @property
     def url(self) -> str:
+        """The server's base URL, http://host:port."""
         return f"http://{self.host}:{self.port}"
 
     def config_text(self, state: Path) -> str:
+        """The nginx.conf that serves `root`, keeping its pid file and logs in `state`."""
         tuning = resources.files("imagenet_train") / "nginx" / "nginx.conf"
         return MAIN_CONFIG.format(
             user=self.user,
@@ -118,6 +121,7 @@ class NginxServer:
         return f"user {WORKER_USER} {group};"
 
     def start(self, timeout: float = 10.0) -> NginxServer:
+        """Start nginx and return once it answers; a one-line error if it fails or is silent for `timeout` s."""
         self.state = Path(tempfile.mkdtemp(prefix="imagenet-train-nginx-"))
         config = self.state / "nginx.conf"
         config.write_text(self.config_text(self.state))
@@ -147,12 +151,14 @@ class NginxServer:
 
     @property
     def pid(self) -> int | None:
+        """The nginx master's pid (None before it started)."""
         pid_file = self.state / "nginx.pid" if self.state else None
         if pid_file and pid_file.exists():
             return int(pid_file.read_text().strip())
         return self.process.pid if self.process else None
 
     def stop(self) -> None:
+        """Stop nginx and remove its state folder."""
         if self.process and self.process.poll() is None:
             os.kill(self.pid, signal.SIGTERM)
             try:

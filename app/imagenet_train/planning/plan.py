@@ -110,6 +110,7 @@ class Setup:
 
     @property
     def world(self) -> int:
+        """The number of ranks: nodes times GPUs per node."""
         return self.nodes * self.gpus_per_node
 
     def __post_init__(self) -> None:
@@ -157,6 +158,7 @@ class Assessment:
 
     @property
     def hangs(self) -> bool:
+        """Whether the launch would hang (verdict WILL HANG)."""
         return self.level is Verdict.HANG
 
 

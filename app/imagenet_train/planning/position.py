@@ -23,6 +23,7 @@ class Position:
     samples_left: int = 0  # resampled mode: samples the interrupted epoch still owed
 
     def to_dict(self) -> dict:
+        """The position as plain JSON values, for a checkpoint."""
         return {
             "epoch": self.epoch,
             "step": self.step,
@@ -33,6 +34,7 @@ class Position:
 
     @classmethod
     def from_dict(cls, data: dict) -> Position:
+        """The position that `to_dict` wrote (an older checkpoint may lack world and samples_left)."""
         return cls(
             int(data["epoch"]),
             int(data["step"]),

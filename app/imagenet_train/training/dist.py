@@ -19,10 +19,12 @@ class DistInfo:
 
     @property
     def enabled(self) -> bool:
+        """Whether this is a distributed run (more than one rank)."""
         return self.world > 1
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0."""
         return self.rank == 0
 
 

@@ -28,11 +28,13 @@ class KeyLog:
         self.stream: TextIO = open(folder / f"rank-{rank:04d}-from-{start:06d}.keys", "a")  # noqa: SIM115 (open all epoch)
 
     def fetched(self, index: int, keys: list[str]) -> None:
+        """Record the sample keys of batch `index`, written out before its step runs."""
         # Flushed per batch: a SIGKILL loses nothing the OS already has.
         self.stream.write(f"{index} {' '.join(keys)}\n")
         self.stream.flush()
 
     def close(self) -> None:
+        """Close the log file."""
         self.stream.close()
 
 

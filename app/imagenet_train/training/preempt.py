@@ -33,6 +33,7 @@ class StopRequest:
         self.signum = 0
 
     def install(self) -> None:
+        """Note SIGTERM and SIGUSR1 in this request from now on (in the main thread only)."""
         if threading.current_thread() is not threading.main_thread():
             return  # running in a launcher's thread (Ray Train): signals are the launcher's to handle
         for number in STOP_SIGNALS:
@@ -131,6 +132,7 @@ class StepVote(Joinable):
 
     # -- Joinable: ranks that ran out of data keep voting while the others finish ----------------------------
     def join_hook(self, **kwargs) -> JoinHook:
+        """The hook that keeps a rank which ran out of data voting while the others finish."""
         vote = self
 
         class _Shadow(JoinHook):
@@ -141,8 +143,10 @@ class StepVote(Joinable):
 
     @property
     def join_device(self) -> torch.device:
+        """The device the votes are reduced on."""
         return self.info.device
 
     @property
     def join_process_group(self):
+        """The process group the votes go through: the default one."""
         return dist.distributed_c10d._get_default_group()
