@@ -163,3 +163,27 @@ def test_nothing_in_the_package_imports_the_cli_module():
         if target == f"{ROOT}.cli"
     ]
     assert not importers, f"{ROOT}.cli imported by: {', '.join(importers)}"
+
+
+# The decoders and per-sample augmentation live in loading/; training asks loading.batches for device batches.
+DECODERS = {
+    f"{ROOT}.loading.dali",
+    f"{ROOT}.loading.jpegcrop",
+    f"{ROOT}.loading.presets",
+    f"{ROOT}.datasets.pixels",
+    "simplejpeg",
+    "turbojpeg",
+    "PIL",
+    "nvidia",
+}
+
+
+def test_the_training_package_imports_no_decoder():
+    found = [
+        f"{MODULES[name].relative_to(PACKAGE)}:{line} imports {target}"
+        for name in MODULES
+        if layer(name) == f"{ROOT}.training"
+        for target, line in imported(name)
+        if target in DECODERS or target.split(".")[0] in DECODERS
+    ]
+    assert not found, "training/ must not decode images:\n" + "\n".join(found)

@@ -19,8 +19,8 @@ from torch.utils.data import get_worker_info
 
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_image
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.loading.normalize import IMAGENET_MEAN, IMAGENET_STD
 from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE
-from imagenet_train.loading.presets import IMAGENET_MEAN, IMAGENET_STD
 
 Batch = tuple[torch.Tensor, torch.Tensor, list]
 

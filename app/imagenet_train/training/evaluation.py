@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading.presets import normalize
+from imagenet_train.loading.normalize import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.training.dist import DistInfo, all_sum
 

@@ -9,7 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from imagenet_train.config import Amp
-from imagenet_train.loading.presets import normalize
+from imagenet_train.loading.normalize import normalize
 from imagenet_train.training.dist import DistInfo
 
 log = logging.getLogger(__name__)
