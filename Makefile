@@ -76,7 +76,7 @@ $(TOOLS)/helm $(TOOLS)/helm3 $(TOOLS)/kubectl: tools/k8s_tools.py | $(STAMP)
 
 k8s-tools: $(TOOLS)/helm
 
-# manifests/examples/NAME.yaml from NAME.values.yaml; tests/test_chart.py fails when they are stale.
+# manifests/examples/NAME.yaml from NAME.values.yaml; tests/integration/test_chart.py fails when they are stale.
 manifests: venv
 	for values in manifests/examples/*.values.yaml; do \
 	  $(BIN)/python tools/render.py --release imagenet -f $$values > $${values%.values.yaml}.yaml || exit 1; done
@@ -96,7 +96,7 @@ faults: venv system-deps
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
 	rev=$$(git describe --always --dirty); start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
 	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --revision "$$rev" --findings tests/faults/findings.md --out docs/reliability.md; \
-	  $(BIN)/python -m pytest -q -m slow tests/test_resume.py || status=1; \
+	  $(BIN)/python -m pytest -q -m slow tests/integration/test_resume.py || status=1; \
 	  exit $$status
 
 # Training for real over two local sshd and on a local two-node Slurm (see docs/ssh.md and docs/slurm.md).
@@ -104,7 +104,8 @@ faults: venv system-deps
 # two-node Slurm, a local Ray cluster training 2 workers with one killed mid-run, and Lightning DDP
 # training the digits to the demo's accuracy.
 launchers: venv system-deps launcher-deps
-	$(BIN)/python -m pytest -q -m launchers tests/test_ssh_launch.py tests/test_slurm.py tests/test_ray.py tests/test_lightning.py tests/test_notebook.py
+	$(BIN)/python -m pytest -q -m launchers tests/integration/test_ssh_launch.py tests/integration/test_slurm.py \
+	  tests/integration/test_ray.py tests/integration/test_lightning.py tests/integration/test_notebook.py
 
 # The chart's rendered pods run with podman, the harness playing the kubelet and the controllers (tests/e2e):
 # the shard server, its fill and `helm test`; each launcher (PyTorchJob, Indexed Job, JobSet, TrainJob) training
@@ -121,7 +122,7 @@ e2e: venv image-deps
 	  exit $$status
 
 image-test: venv system-deps image-deps k8s-tools
-	$(BIN)/python -m pytest -q tests/test_image.py
+	$(BIN)/python -m pytest -q tests/integration/test_image.py
 
 build:
 	$(CONTAINER) build $(BUILD_FLAGS) -f images/train/Dockerfile -t $(IMAGE_REF) \
@@ -144,7 +145,7 @@ bench: venv system-deps
 	$(BIN)/python bench/report.py --workdir bench/.work --out docs/benchmarks.md
 
 # The MkDocs site from docs/ (mkdocs.yml); --strict turns a broken link or anchor into a failure.
-# tests/test_docs.py runs the same build in `make test`.
+# tests/integration/test_docs.py runs the same build in `make test`.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 

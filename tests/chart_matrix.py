@@ -1,5 +1,6 @@
 """The chart tests' values matrix (every launcher x shard server x size x elastic choice) and its render.py
-renders, made once per test process and shared by tests/test_chart.py and tests/test_cluster_rules.py."""
+renders, made once per test process and shared by tests/integration/test_chart.py and
+tests/integration/test_cluster_rules.py."""
 
 from __future__ import annotations
 

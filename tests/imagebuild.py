@@ -1,5 +1,5 @@
-"""Images built for real with podman, shared by the image test (tests/test_image.py) and the end-to-end run of
-the chart's pods (tests/e2e).
+"""Images built for real with podman, shared by the image test (tests/integration/test_image.py) and the
+end-to-end run of the chart's pods (tests/e2e).
 
 No registry can be pulled from here, so the bases are stand-ins made from Debian with mmdebstrap and cached
 as images between runs:

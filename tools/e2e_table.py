@@ -15,8 +15,8 @@ HEADER = """\
 # End to end: the chart's pods, run
 
 No Kubernetes API server can run on the machines these tests run on, so the harness runs what one would run.
-It takes the objects `tools/render.py` renders (identical to `helm template`'s, tests/test_chart.py) and plays
-the rest of the cluster with podman (`tests/e2e/`):
+It takes the objects `tools/render.py` renders (identical to `helm template`'s,
+tests/integration/test_chart.py) and plays the rest of the cluster with podman (`tests/e2e/`):
 
 - **kubelet** (`tests/e2e/kubelet.py`): each rendered pod spec becomes one `podman run`, field by
   field: the restricted security context (uid 10001 or 101, `--read-only` with no writable path but the

@@ -222,7 +222,7 @@ class Cluster:
 
 
 def rendered(values: list[str], release: str) -> list[dict]:
-    """The objects tools/render.py renders for a release (the same as `helm template`, tests/test_chart.py)."""
+    """The objects tools/render.py renders for a release (as `helm template`: tests/integration/test_chart.py)."""
     return [document for document in yaml.safe_load_all(render(values, release=release)) if document]
 
 

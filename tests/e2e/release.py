@@ -1,6 +1,6 @@
 """Helm's part: a release's rendered objects applied to the podman cluster and run to an outcome.
 
-`Release.install` renders the chart (tools/render.py's engine; tests/test_chart.py checks `helm template`
+`Release.install` renders the chart (tools/render.py's engine; tests/integration/test_chart.py checks `helm template`
 gives the same objects), stores the configuration objects, starts the shard server's Deployment and waits
 until it is Ready, then runs the fill Job to completion. `Release.train` renders again with the values of one
 training run (only the ConfigMap and the training job may differ from what is running: the rest must be

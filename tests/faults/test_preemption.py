@@ -138,7 +138,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_resume_sees_every_sample_once(four
     assert len(set(before) | set(after)) == len(everything)
 
 
-@pytest.mark.slow  # 45 s; make test keeps tests/test_peer_lost.py (the classification against a real gloo world)
+@pytest.mark.slow  # 45 s; make test keeps integration/test_peer_lost.py (the classification against a real gloo world)
 @pytest.mark.timeout(900)
 def test_a_lost_node_makes_the_other_exit_for_a_retry_and_a_new_world_resumes(four_shards, tmp_path, record):
     """Two nodes as `imagenet-train ssh` starts them (a static world, one `launch` each); node 1's whole session

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_ssh_launch import _tagged, two_hosts  # noqa: F401 (two_hosts: the real-sshd fixture)
+from integration.test_ssh_launch import _tagged, two_hosts  # noqa: F401 (two_hosts: the real-sshd fixture)
 
 from imagenet_train.launchers import ssh
 from imagenet_train.launchers.ssh import Host, SshOptions, forwarded_environment

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_gcs import BUCKET, emulator  # noqa: F401 (a fixture: a real gcp-storage-emulator)
+from integration.test_gcs import BUCKET, emulator  # noqa: F401 (a fixture: a real gcp-storage-emulator)
 
 from imagenet_train.datasets.source import resolve_source
 from imagenet_train.io import resumable

@@ -2,7 +2,7 @@
 
 `helpers()` is the Python twin of helm/imagenet-train/templates/_helpers.tpl (names, labels, selectors,
 the image); manifests/templates/*.j2 are the twins of the chart's templates, Kubernetes structure only.
-tests/test_chart.py renders a matrix of values both ways and requires identical objects.
+tests/integration/test_chart.py renders a matrix of values both ways and requires identical objects.
 """
 
 from __future__ import annotations

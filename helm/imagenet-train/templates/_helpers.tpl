@@ -1,6 +1,6 @@
 {{/* Names, labels and selectors. Templates hold Kubernetes structure only: what a pod runs is computed by
 `imagenet-train launch --deployment` from the ConfigMap in config.yaml. manifests/templates/ are the jinja2
-twins (tools/render.py); tests/test_chart.py proves both render the same objects. */}}
+twins (tools/render.py); tests/integration/test_chart.py proves both render the same objects. */}}
 
 {{- define "imagenet-train.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" }}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO as ROOT
+
 README = ROOT / "README.md"
 README_LIMIT = 12 * 1024
 

@@ -1,8 +1,7 @@
-"""`imagenet-train plan`: the planner's per-rank batches equal what the real loaders give, and the
-classic failure cases are flagged before launch."""
+"""The planner's verdicts: its per-rank batches equal what the real loaders give (simulated in this process),
+and the classic failure cases are flagged before launch. The `plan` command itself: test_plan_command.py."""
 
 import io
-import json
 import tarfile
 from collections import Counter
 
@@ -12,8 +11,6 @@ from hypothesis import strategies as st
 
 from imagenet_train.loading.simulate import simulate
 from imagenet_train.planning import plan
-
-from conftest import cli
 
 
 def write_shards(folder, sizes) -> list[str]:
@@ -84,50 +81,6 @@ def test_flags_an_epoch_longer_than_the_data():
     assert assessment.verdict.startswith("WARN: an epoch draws 1000 samples from 400")
     assert assessment.fix == "--epoch-batches 4 for one pass over the data"
     assert plan.assess(plan.Setup((100,) * 4, gpus_per_node=2, batch_size=50)).verdict == "OK"
-
-
-def test_plan_command_simulates_real_shards_and_exits_1_on_a_hang(digit_shards):
-    result = cli(
-        "plan",
-        "--shards",
-        str(digit_shards),
-        "--gpus-per-node",
-        "2",
-        "--workers",
-        "2",
-        "--batch-size",
-        "32",
-        "--mode",
-        "split",
-        "--simulate",
-        "--show-open",
-        "--show-workers",
-    )
-    assert result.returncode == 0, result.stderr
-    assert "simulation: the real loaders gave exactly the planned batches on all 2 ranks" in result.stdout
-    assert "worker 1 opened: imagenet-train-train-" in result.stdout
-    hang = cli(
-        "plan",
-        "--nshards",
-        "10",
-        "--samples-per-shard",
-        "100",
-        "--gpus-per-node",
-        "4",
-        "--mode",
-        "split",
-        "--no-join",
-        "--batch-size",
-        "32",
-    )
-    assert hang.returncode == 1 and "verdict: WILL HANG" in hang.stdout
-
-
-def test_plan_json_and_bad_input():
-    doc = json.loads(cli("plan", "--shard-sizes", "10,20,30", "--json", "--batch-size", "4", "--workers", "1").stdout)
-    assert doc["verdict"] == "OK" and [r["batches"] for r in doc["ranks"]] == [15]
-    bad = cli("plan", "--shard-sizes", "10,x")
-    assert bad.returncode == 2 and "--shard-sizes: expected whole numbers >= 1" in bad.stderr
 
 
 @pytest.mark.unit

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+
 pytestmark = pytest.mark.unit
 
-PACKAGE = Path(__file__).resolve().parents[1] / "app" / "imagenet_train"
+PACKAGE = REPO / "app" / "imagenet_train"
 ROOT = "imagenet_train"
 # A leaf of plain exceptions (checked below to import only the standard library): the planner's verdicts and
 # refusals are one-line user errors like everywhere else.

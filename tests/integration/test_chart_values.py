@@ -15,7 +15,8 @@ from chartkit import schema
 from chartkit.values import schema_errors
 from imagenet_train.errors import ImagenetTrainError
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO as ROOT
+
 VALUES = ROOT / "helm" / "imagenet-train" / "values.yaml"
 
 

@@ -10,14 +10,14 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import yaml
 from chart_matrix import MATRIX, RELEASE, render_py, render_values
 from k8s_rules import admission, cel, jobset, trainer, training_operator
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO as ROOT
+
 EXAMPLES = ROOT / "manifests" / "examples"
 NAME = f"{RELEASE}-imagenet-train"
 WORKLOAD = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob", "jobset": "JobSet"}

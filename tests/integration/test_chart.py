@@ -23,7 +23,8 @@ from chartkit.render import render
 from imagenet_train.errors import RETRY_EXIT
 from imagenet_train.launchers.deployment import plan
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO as ROOT
+
 CHART = ROOT / "helm" / "imagenet-train"
 TOOLS = ROOT / ".tools" / "bin"
 EXAMPLES = ROOT / "manifests" / "examples"

@@ -14,8 +14,9 @@ import yaml
 
 from imagenet_train.launchers.launch import resolve
 
-ROOT = Path(__file__).resolve().parents[1]
-FAKE_NGC = ROOT / "tests" / "ngc"
+from conftest import REPO as ROOT
+
+FAKE_NGC = Path(__file__).with_name("ngc")
 IMAGE = "nvcr.io/acme/imagenet-train:v1"
 COMMON = {"image": {"repository": "nvcr.io/acme/imagenet-train", "tag": "v1"}}
 

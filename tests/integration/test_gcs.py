@@ -21,7 +21,7 @@ from imagenet_train.loading.stages import ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.ops.serve import free_port
 
-from conftest import SMALL_TRAIN, cli, local_service, read_metrics, torchrun
+from conftest import REPO, SMALL_TRAIN, cli, local_service, read_metrics, torchrun
 
 BUCKET = "imagenet-train-test"
 
@@ -303,7 +303,7 @@ def test_an_upload_killed_midway_resumes_from_the_last_chunk_in_a_new_process(em
 
 
 def test_tools_upload_is_the_same_upload_for_operators(emulator, digit_shards, tmp_path):
-    script = [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "upload.py")]
+    script = [sys.executable, str(REPO / "tools" / "upload.py")]
     url = f"gs://{BUCKET}/tool-upload"
     dry = subprocess.run([*script, str(digit_shards), url, "--dry-run"], capture_output=True, text=True)
     assert dry.returncode == 0 and "would copy" in dry.stdout and gcs.listing(url + "/") == []

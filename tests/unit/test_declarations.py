@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
@@ -18,9 +17,10 @@ from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
 from imagenet_train.settings import declared, flag
 
+from conftest import REPO as ROOT
+
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "app" / "imagenet_train"
 CLOSED_SETS = {
     "--decoder": Decoder,

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -18,7 +17,7 @@ from imagenet_train.commands.train import _config_from
 from imagenet_train.config import Config, defaults
 from imagenet_train.launchers.deployment import OWNED, settings_flags
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO as ROOT
 
 
 def config_of(*argv: str) -> Config:

@@ -1,0 +1,1 @@
+"""Pure code: no processes, servers, sockets or subprocesses; each test takes milliseconds."""
