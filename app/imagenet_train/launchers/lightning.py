@@ -28,9 +28,9 @@ from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training.dist import DistInfo
+from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.parts import (
     build_model,
-    parameter_groups,
     preflight_check,
     seed_augmentation,
     train_loader,
@@ -95,7 +95,7 @@ class ShardDataModule(lightning.LightningDataModule):
 
 
 class ImagenetModule(lightning.LightningModule):
-    """The model, SGD parameter groups, warmup+cosine LR per step, loss and top-1/top-5 of `imagenet-train train`."""
+    """The model, the --opt optimizer, the LR per step, loss and top-1/top-5 of `imagenet-train train`."""
 
     def __init__(self, cfg: Config, num_classes: int):
         super().__init__()
@@ -119,13 +119,7 @@ class ImagenetModule(lightning.LightningModule):
             )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        optim = self.cfg.optim
-        return torch.optim.SGD(
-            parameter_groups(self.model, optim.weight_decay),
-            lr=self.schedule.base_lr,
-            momentum=optim.momentum,
-            nesterov=optim.nesterov,
-        )
+        return build_optimizer(self.cfg.optim, self.model, self.schedule.base_lr)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         images, labels, _ = batch

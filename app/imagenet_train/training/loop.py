@@ -46,11 +46,11 @@ from imagenet_train.training.dist import (
 )
 from imagenet_train.training.events import EpochEvents
 from imagenet_train.training.key_log import KeyLog, consumed_keys
+from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.parts import (
     amp_dtype,
     augmentation_seed,
     build_model,
-    parameter_groups,
     preflight_check,
     seed_augmentation,
     train_loader,
@@ -90,12 +90,7 @@ class Trainer:
         seed_augmentation(run.seed, info.rank)
         self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
         self.global_batch, self.base_lr = self.schedule.global_batch, self.schedule.base_lr
-        self.optimizer = torch.optim.SGD(
-            parameter_groups(model, cfg.optim.weight_decay),
-            lr=self.base_lr,
-            momentum=cfg.optim.momentum,
-            nesterov=cfg.optim.nesterov,
-        )
+        self.optimizer = build_optimizer(cfg.optim, model, self.base_lr)
         self.amp = amp_dtype(run.amp, info.device)
         self.scaler = torch.amp.GradScaler(info.device.type, enabled=self.amp == torch.float16)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
@@ -127,6 +122,9 @@ class Trainer:
         assessment = preflight_check(self.cfg, self.source.train_sizes, self.info.world)
         if assessment and self.info.is_main and assessment.level is not plan.Verdict.OK:
             log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
+        if self.info.is_main:
+            for advice in self.schedule.advice():  # large batch with plain SGD, a warmup as long as the run
+                log.warning("pre-flight: %s", advice)
 
     def batches(self, loader: EpochLoader, augment: DaliAugment) -> Iterable:
         """One epoch of `loader` as (images, labels, keys) on the device: decoded by DALI under --decoder dali,
@@ -220,7 +218,7 @@ class Trainer:
 
     # -- one epoch ----------------------------------------------------------------------------
     def set_lr(self, epoch: int, step: int, steps: int) -> float:
-        """Warmup then cosine over the run's global steps; identical on every rank at every step."""
+        """Warmup then --lr-schedule over the samples seen; identical on every rank at every step."""
         lr = self.schedule.lr(epoch, step, steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -389,6 +387,7 @@ class Trainer:
             "epoch_batches": self.schedule.epoch_batches(self.start_epoch),
             "epochs": self.schedule.epochs,
             "total_batches": self.schedule.total,
+            "warmup_epochs": self.schedule.warmup,
             "device": str(self.info.device),
             "amp": str(self.amp),
         }

@@ -1,6 +1,5 @@
-"""The parts a run is built from, shared by the trainer and the Lightning module: the model, its optimizer's
-parameter groups, the autocast dtype, each rank's augmentation seed, the planner's pre-flight verdict and the
-train and val loaders."""
+"""The parts a run is built from, shared by the trainer and the Lightning module: the model, the autocast
+dtype, each rank's augmentation seed, the planner's pre-flight verdict and the train and val loaders."""
 
 from __future__ import annotations
 
@@ -46,15 +45,6 @@ def seed_augmentation(seed: int, rank: int) -> None:
     crop differently, or both halves of each global batch get the same crops.
     """
     torch.manual_seed(augmentation_seed(seed, rank))
-
-
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on weights only: not on biases and normalisation parameters."""
-    decay, no_decay = [], []
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            (no_decay if parameter.ndim <= 1 else decay).append(parameter)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def amp_dtype(mode: Amp | str, device: torch.device) -> torch.dtype | None:
