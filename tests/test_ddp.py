@@ -69,8 +69,9 @@ def test_split_mode_with_uneven_shards_sees_every_sample_once_and_never_hangs(di
 
 def test_resume_continues_the_epoch_count_and_the_metrics(digit_shards, tmp_path):
     run_dir = tmp_path / "run"
-    # No warmup: its 1,438 samples would outlast the 960 of these three short epochs, and the LR only rise.
-    args = ["--shards", str(digit_shards), "--run-dir", str(run_dir), "--epoch-batches", "5", "--warmup-epochs", "0"]
+    # A warmup of 0.2 epochs (288 of the digits' 1,438 samples) peaks in the first 5-step epoch (320 samples);
+    # one epoch of warmup would outlast all three, and the LR only rise.
+    args = ["--shards", str(digit_shards), "--run-dir", str(run_dir), "--epoch-batches", "5", "--warmup-epochs", "0.2"]
     args += SMALL
     first = torchrun([*args, "--epochs", "1"])
     assert first.returncode == 0, first.stderr[-3000:]
