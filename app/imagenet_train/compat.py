@@ -63,3 +63,14 @@ def _op_exists(name: str) -> bool:
         return True
     except (AttributeError, RuntimeError):
         return False
+
+
+def require_timm(what: str) -> None:
+    """Raise the one-line error naming `what` (a flag) when timm, the optional [timm] extra, does not import."""
+    from imagenet_train.errors import ImagenetTrainError
+
+    ensure_torchvision()  # timm imports torchvision
+    try:
+        import timm.optim  # noqa: F401
+    except ImportError:
+        raise ImagenetTrainError(f"{what}: needs timm (pip install 'imagenet-train[timm]')") from None

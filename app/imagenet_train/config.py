@@ -17,6 +17,7 @@ from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.resumable import IO_TIMEOUT
 from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, BrokenShardPolicy, Decoder
 from imagenet_train.planning import plan
+from imagenet_train.planning.optimization import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, LrSchedule, Opt
 from imagenet_train.planning.plan import Mode
 from imagenet_train.settings import Setting, check, declared, flag, problem, setting
 
@@ -130,12 +131,54 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = setting(0.1, "learning rate for a global batch of 256 (scaled linearly)", above=0, maximum=1e3)
-    momentum: float = setting(0.9, "SGD momentum", minimum=0, maximum=1)
-    nesterov: bool = setting(False, "Nesterov momentum")
-    weight_decay: float = setting(1e-4, "weight decay (not applied to biases and norms)", minimum=0, maximum=1)
+    opt: str = setting(
+        Opt.SGD.value,
+        "optimizer: sgd (torch SGD; with --nesterov, SGD+Nesterov), adamw (torch AdamW), lamb or lars (timm.optim's "
+        "LAMB and LARS: pip install 'imagenet-train[timm]'); above a global batch of 8,192 plain SGD loses accuracy "
+        "and MLPerf uses lars",
+        choices=Opt,
+    )
+    lr: float = setting(
+        0.1,
+        "peak learning rate for a global batch of 256 (scaled linearly, for every --opt; AdamW and LAMB want far "
+        "less than SGD and LARS, about 1e-3)",
+        above=0,
+        maximum=1e3,
+    )
+    momentum: float = setting(0.9, "momentum of sgd and lars", minimum=0, maximum=1)
+    nesterov: bool = setting(False, "Nesterov momentum (sgd and lars)")
+    weight_decay: float = setting(
+        1e-4,
+        "weight decay (not applied to biases and norms, which LARS and LAMB also leave unadapted)",
+        minimum=0,
+        maximum=1,
+    )
     label_smoothing: float = setting(0.1, "label smoothing", minimum=0, maximum=1)
-    warmup_epochs: float = setting(1.0, "linear warmup before the cosine decay", minimum=0, maximum=1e6)
+    lr_schedule: str = setting(
+        LrSchedule.COSINE.value,
+        "the LR after the warmup: cosine (down to --lr-end), step (torchvision's: x --lr-gamma every "
+        "--lr-step-epochs epochs), poly (MLPerf's polynomial decay, power 2, down to --lr-end) or triangular "
+        "(FFCV's: linear up to the peak at the end of the warmup, then linear down to 0 at the end)",
+        choices=LrSchedule,
+    )
+    warmup_epochs: float = setting(
+        AUTO_WARMUP,
+        "epochs of linear warmup, counted in samples seen (epochs x the training samples, also under "
+        "--epoch-batches and --total-samples); -1: auto, growing with the global batch: 1 epoch up to 1,638, "
+        "linearly more up to Goyal et al.'s 5 epochs at 8,192 and above (global batch / 1,638.4, between 1 and 5)",
+        minimum=AUTO_WARMUP,
+        maximum=1e6,
+    )
+    lr_step_epochs: int = setting(
+        30, "--lr-schedule step: epochs (of samples seen) between the LR's drops", minimum=1, maximum=1_000_000
+    )
+    lr_gamma: float = setting(0.1, "--lr-schedule step: the factor at each drop", above=0, maximum=1)
+    lr_end: float = setting(
+        0.0,
+        "--lr-schedule cosine and poly: the LR at the end of the run (MLPerf's poly: 0.0001)",
+        minimum=0,
+        maximum=1e3,
+    )
     clip_grad_norm: float = setting(
         0.0,
         "clip the gradients' global L2 norm to this before each step (0: off); steadies large-batch and fp16 runs",
@@ -222,6 +265,7 @@ class Config:
 
             if not dali_available():
                 raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")
+        self._validate_optim()
         if self.run.total_samples and data.mode != Mode.RESAMPLED:
             raise ImagenetTrainError("--total-samples: needs --mode resampled (an endless stream of equal batches)")
         if data.loader_timeout and data.loader_timeout <= data.io_timeout:
@@ -230,6 +274,28 @@ class Config:
                 "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
             )
         return self
+
+    def _validate_optim(self) -> None:
+        """The optimizer's cross-field checks, and the [timm] extra for the optimizers that need it."""
+        optim, opt = self.optim, Opt(self.optim.opt)
+        if optim.warmup_epochs < 0 and optim.warmup_epochs != AUTO_WARMUP:
+            raise ImagenetTrainError(
+                f"--warmup-epochs: expected -1 (auto) or a number >= 0, got '{clip(optim.warmup_epochs)}'"
+            )
+        if optim.nesterov and opt not in MOMENTUM_OPTS:
+            raise ImagenetTrainError(f"--nesterov: applies to --opt sgd and lars, not --opt {opt}; drop it")
+        if optim.nesterov and not optim.momentum:
+            raise ImagenetTrainError("--nesterov: needs a momentum; expected --momentum above 0")
+        if opt not in MOMENTUM_OPTS and self.data.mode != Mode.RESAMPLED:
+            # After Join only the momentum buffers are copied from a rank that ran every step (replicas.py).
+            raise ImagenetTrainError(
+                f"--opt {opt}: --mode {self.data.mode} keeps replicas in step for SGD and LARS momentum only; "
+                "expected --mode resampled (or --opt sgd or lars)"
+            )
+        if opt in TIMM_OPTS:
+            from imagenet_train.compat import require_timm
+
+            require_timm(f"--opt {opt}")
 
 
 SECTIONS = (DataConfig, OptimConfig, RunConfig)

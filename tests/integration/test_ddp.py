@@ -69,7 +69,10 @@ def test_split_mode_with_uneven_shards_sees_every_sample_once_and_never_hangs(di
 
 def test_resume_continues_the_epoch_count_and_the_metrics(digit_shards, tmp_path):
     run_dir = tmp_path / "run"
-    args = ["--shards", str(digit_shards), "--run-dir", str(run_dir), "--epoch-batches", "5", *SMALL]
+    # A warmup of 0.2 epochs (288 of the digits' 1,438 samples) peaks in the first 5-step epoch (320 samples);
+    # one epoch of warmup would outlast all three, and the LR only rise.
+    args = ["--shards", str(digit_shards), "--run-dir", str(run_dir), "--epoch-batches", "5", "--warmup-epochs", "0.2"]
+    args += SMALL
     first = torchrun([*args, "--epochs", "1"])
     assert first.returncode == 0, first.stderr[-3000:]
     second = torchrun([*args, "--epochs", "3", "--resume", "latest"])
@@ -96,7 +99,8 @@ def test_queue_mode_hands_out_uneven_shards_at_run_time_each_sample_once(digit_s
 
 def test_training_by_samples_seen_gives_equal_batches_per_interval(digit_shards, tmp_path):
     run_dir = tmp_path / "run"
-    args = ["--total-samples", "1000", "--epoch-batches", "10", "--eval-every", "2"]
+    # A warmup of 0.1 epochs is 144 of the run's 1,000 samples (counted in samples seen, not in intervals).
+    args = ["--total-samples", "1000", "--epoch-batches", "10", "--eval-every", "2", "--warmup-epochs", "0.1"]
     # The last --batch-size wins: 16 per rank, a global batch of 32.
     result = torchrun(["--shards", str(digit_shards), "--run-dir", str(run_dir), *args, *SMALL, "--batch-size", "16"])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -106,6 +110,7 @@ def test_training_by_samples_seen_gives_equal_batches_per_interval(digit_shards,
     assert [m["samples_seen"] for m in metrics] == [320, 640, 960, 992]
     assert metrics[-1]["lr"] < 0.01 * metrics[0]["lr"]  # the cosine schedule ran its course in samples
     assert "top1" in metrics[1] and "top1" in metrics[3] and "top1" not in metrics[0]
+    assert json.loads((run_dir / "config.json").read_text())["derived"]["warmup_epochs"] == 0.1
 
 
 def test_split_mode_cut_at_a_fixed_epoch_length_with_repeat_gives_every_rank_the_same_batches(digit_shards, tmp_path):

@@ -48,9 +48,11 @@ def _plan_setup(args: argparse.Namespace) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan and its verdict (checked against the real loaders with --simulate); 1 on a hang or mismatch."""
     from imagenet_train.planning import plan
+    from imagenet_train.planning.optimization import large_batch_advice
 
     setup, urls = args.setup
     assessment = plan.assess(setup)
+    advice = large_batch_advice(args.opt, setup.batch_size * setup.world, args.warmup_epochs)
     simulated = None
     if args.simulate:
         if not urls:
@@ -73,12 +75,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         ]
     if args.json:
         document = dataclasses.asdict(assessment)
+        document["advice"] = [advice] if advice else []
         if simulated is not None:
             document["simulated"] = [dataclasses.asdict(s) for s in simulated]
             document["mismatches"] = mismatches
         print(json.dumps(document, indent=1))
     else:
         print(plan.format_assessment(assessment, show_workers=args.show_workers))
+        if advice:
+            print(f"advice: {advice}")
         if simulated is not None:
             for s in simulated:
                 if args.show_open:
@@ -127,6 +132,8 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
         help="split mode: the step runs under Join (imagenet-train train always does)",
     )
     _add_setting(planner, "seed")
+    _add_setting(planner, "opt", context="for the large-batch advice: ")
+    _add_setting(planner, "warmup_epochs", context="for the large-batch advice: ")
     planner.add_argument("--epoch", type=number(int, 0, 1_000_000), default=0, help="which epoch's shard order to show")
     planner.add_argument("--show-workers", action="store_true", help="list the shards of every worker")
     planner.add_argument("--simulate", action="store_true", help="run the real loaders over the real shards")

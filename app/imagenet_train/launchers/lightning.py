@@ -28,7 +28,8 @@ from imagenet_train.loading.normalize import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.training.parts import build_model, parameter_groups, preflight_check
+from imagenet_train.training.optimizers import build_optimizer
+from imagenet_train.training.parts import build_model, preflight_check
 
 
 def refuse_uneven_modes(cfg: Config) -> None:
@@ -115,14 +116,8 @@ class ImagenetModule(lightning.LightningModule):
             )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        """SGD over the model's parameter groups with the run's momentum, starting at the schedule's base LR."""
-        optim = self.cfg.optim
-        return torch.optim.SGD(
-            parameter_groups(self.model, optim.weight_decay),
-            lr=self.schedule.base_lr,
-            momentum=optim.momentum,
-            nesterov=optim.nesterov,
-        )
+        """The run's --opt over the model's parameter groups, starting at the schedule's base LR."""
+        return build_optimizer(self.cfg.optim, self.model, self.schedule.base_lr)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         """One batch's training loss, with the learning rate set for this step."""

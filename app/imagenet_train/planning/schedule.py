@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from imagenet_train.planning import plan
+from imagenet_train.planning import optimization, plan
+from imagenet_train.planning.optimization import LrCurve, LrSchedule, Opt
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,13 @@ class Schedule:
     seed: int
     epochs_option: int  # --epochs
     total_samples: int  # --total-samples (0: train by epochs)
-    warmup_epochs: float
+    warmup_epochs: float  # as declared: -1 is auto
     base_lr: float
+    lr_schedule: LrSchedule = LrSchedule.COSINE
+    lr_step_epochs: int = 30
+    lr_gamma: float = 0.1
+    lr_end: float = 0.0
+    opt: Opt = Opt.SGD
 
     @classmethod
     def of(cls, cfg: Any, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
@@ -32,7 +38,7 @@ class Schedule:
 
         `cfg` is the run's Config (its data, optim and run sections), read by name so that planning/ never
         imports config."""
-        data = cfg.data
+        data, optim = cfg.data, cfg.optim
         return cls(
             mode=data.mode,
             train_samples=train_samples,
@@ -45,8 +51,13 @@ class Schedule:
             seed=cfg.run.seed,
             epochs_option=cfg.run.epochs,
             total_samples=cfg.run.total_samples,
-            warmup_epochs=cfg.optim.warmup_epochs,
-            base_lr=cfg.optim.lr * data.batch_size * world / 256,
+            warmup_epochs=optim.warmup_epochs,
+            base_lr=optim.lr * data.batch_size * world / 256,
+            lr_schedule=LrSchedule(optim.lr_schedule),
+            lr_step_epochs=optim.lr_step_epochs,
+            lr_gamma=optim.lr_gamma,
+            lr_end=optim.lr_end,
+            opt=Opt(optim.opt),
         )
 
     @property
@@ -96,7 +107,34 @@ class Schedule:
         """Epochs to run; with --total-samples, intervals of --epoch-batches (the last one shorter)."""
         return math.ceil(self.total / self.interval) if self.total_samples else self.epochs_option
 
+    @property
+    def warmup(self) -> float:
+        """Epochs of warmup, with -1 (auto) resolved for the global batch."""
+        return optimization.warmup_epochs(self.warmup_epochs, self.global_batch)
+
+    @cached_property
+    def curve(self) -> LrCurve:
+        """The LR over samples seen; an epoch here is the training set's samples, whatever --epoch-batches says."""
+        return LrCurve(
+            self.lr_schedule,
+            self.base_lr,
+            warmup=self.warmup * self.train_samples,
+            total=self.total * self.global_batch,
+            batch=self.global_batch,
+            end=self.lr_end,
+            gamma=self.lr_gamma,
+            step_every=self.lr_step_epochs * self.train_samples,
+        )
+
     def lr(self, epoch: int, step: int, steps: int) -> float:
-        """Warmup then cosine over the run's global steps."""
-        warmup = round(self.warmup_epochs * self.interval)
-        return plan.lr_at(epoch * self.interval + min(step, steps - 1), self.total, warmup, self.base_lr)
+        """The LR of a step: warmup, then --lr-schedule, at the samples seen (global steps x global batch)."""
+        global_step = epoch * self.interval + min(step, steps - 1)
+        return self.curve.at(global_step * self.global_batch)
+
+    def advice(self) -> list[str]:
+        """Pre-flight advice on the optimisation: plain SGD at a large global batch, a warmup as long as the run."""
+        found = [
+            optimization.large_batch_advice(self.opt, self.global_batch, self.warmup_epochs),
+            optimization.warmup_advice(self.curve.warmup, self.curve.total),
+        ]
+        return [line for line in found if line]

@@ -28,7 +28,8 @@ from imagenet_train.training import checkpoint, evaluation
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
 from imagenet_train.training.key_log import consumed_keys
-from imagenet_train.training.parts import build_model, parameter_groups, preflight_check
+from imagenet_train.training.optimizers import build_optimizer
+from imagenet_train.training.parts import build_model, preflight_check
 from imagenet_train.training.preempt import StepVote, StopRequest
 from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
 from imagenet_train.training.results import ResultsMirror, fetch_for_resume
@@ -56,18 +57,15 @@ class Trainer:
         self.model, self.ddp, forward = distribute(model, info, channels_last, run.compile, self.exact)
         seed_augmentation(run.seed, info.rank)
         self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
-        optimizer = torch.optim.SGD(
-            parameter_groups(self.model, cfg.optim.weight_decay),
-            lr=self.schedule.base_lr,
-            momentum=cfg.optim.momentum,
-            nesterov=cfg.optim.nesterov,
-        )
+        optimizer = build_optimizer(cfg.optim, self.model, self.schedule.base_lr)
         self.amp = amp_dtype(run.amp, info.device)
         criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
         self.step = TrainStep(
             self.model, forward, optimizer, criterion, self.amp, channels_last, cfg.optim.clip_grad_norm
         )
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)
+        for advice in self.schedule.advice() if info.is_main else ():  # a large batch with plain SGD, say
+            log.warning("pre-flight: %s", advice)
         self.batches = RunBatches(cfg, info.rank, info.world, info.device, source, self.schedule.epoch_batches(0))
         schedule = {
             "base_lr": self.schedule.base_lr,

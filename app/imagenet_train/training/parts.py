@@ -1,5 +1,5 @@
-"""The parts a run is built from, shared by the trainer and the Lightning module: the model, its optimizer's
-parameter groups and the planner's pre-flight verdict."""
+"""The parts a run is built from, shared by the trainer and the Lightning module: the model and the
+planner's pre-flight verdict."""
 
 from __future__ import annotations
 
@@ -24,15 +24,6 @@ def build_model(arch: str, num_classes: int) -> torch.nn.Module:
     if arch not in names:
         raise ImagenetTrainError(f"--arch: unknown model '{arch}' (torchvision has e.g. resnet18, resnet50)")
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
-
-
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on weights only: not on biases and normalisation parameters."""
-    decay, no_decay = [], []
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            (no_decay if parameter.ndim <= 1 else decay).append(parameter)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def preflight_check(

@@ -36,6 +36,7 @@ def derived(info: DistInfo, schedule: Schedule, source: DataSource, amp: torch.d
         "epoch_batches": schedule.epoch_batches(epoch),
         "epochs": schedule.epochs,
         "total_batches": schedule.total,
+        "warmup_epochs": schedule.warmup,
         "device": str(info.device),
         "amp": str(amp),
     }
