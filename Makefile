@@ -142,7 +142,7 @@ docker-run:
 
 # P1-P5 side by side on this machine into docs/benchmarks.md (P6 needs a GPU: see bench/gpu.py).
 bench: venv system-deps
-	$(BIN)/python bench/report.py --workdir bench/.work --out docs/benchmarks.md
+	$(BIN)/python bench/benchmarks_page.py --workdir bench/.work --out docs/benchmarks.md
 
 # The MkDocs site from docs/ (mkdocs.yml); --strict turns a broken link or anchor into a failure.
 # tests/integration/test_docs.py runs the same build in `make test`.

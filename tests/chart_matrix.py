@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from chartkit.render import render
+from chartkit.objects import render
 
 LAUNCHERS = ["pytorchjob", "indexedjob", "trainjob", "jobset"]
 SERVERS = ["nginx", "aistore", "bucket"]

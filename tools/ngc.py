@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))  # a checkout without an installed package
 
 from chartkit import CHART_DIR as CHART  # noqa: E402
-from chartkit import ngc  # noqa: E402
+from chartkit import ngc_jobs as ngc  # noqa: E402
 from chartkit.values import load_values, load_yaml  # noqa: E402
 from imagenet_train.errors import ImagenetTrainError, one_line  # noqa: E402
 

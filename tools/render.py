@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))  # a checkout without an installed package
 
-from chartkit.render import render  # noqa: E402
+from chartkit.objects import render  # noqa: E402
 from imagenet_train.errors import ImagenetTrainError, one_line  # noqa: E402
 
 

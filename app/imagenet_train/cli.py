@@ -6,8 +6,17 @@ import argparse
 import logging
 import sys
 
-from imagenet_train.commands import Parser, datasets, ops, plan, remote, runs, storage, train
-from imagenet_train.commands.train import train_config  # noqa: F401 (its old home: notebooks import it from here)
+from imagenet_train.commands import (
+    Parser,
+    bucket_cmd,
+    launch_cmd,
+    plan_cmd,
+    remote_cmd,
+    serve_cmd,
+    shards_cmd,
+    train_cmd,
+)
+from imagenet_train.commands.train_cmd import train_config  # noqa: F401 (its old home: notebooks import it from here)
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted, one_line
 
 
@@ -20,13 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="ImageNet to WebDataset shards to multinode DDP training.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
-    datasets.add_commands(commands, formatter)  # shards, summarize, demo-data
-    ops.add_commands(commands, formatter)  # serve, probe
-    train.add_commands(commands, formatter)  # train
-    plan.add_commands(commands, formatter)  # plan
-    storage.add_commands(commands, formatter)  # upload, sync, fill
-    runs.add_commands(commands, formatter)  # launch, ray, report
-    remote.add_commands(commands, formatter)  # ssh, ssh-node, slurm
+    shards_cmd.add_commands(commands, formatter)  # shards, summarize, demo-data
+    serve_cmd.add_commands(commands, formatter)  # serve, probe
+    train_cmd.add_commands(commands, formatter)  # train
+    plan_cmd.add_commands(commands, formatter)  # plan
+    bucket_cmd.add_commands(commands, formatter)  # upload, sync, fill
+    launch_cmd.add_commands(commands, formatter)  # launch, ray, report
+    remote_cmd.add_commands(commands, formatter)  # ssh, ssh-node, slurm
     return parser
 
 

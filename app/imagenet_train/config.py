@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
+from imagenet_train.declarations import Setting, check, declared, flag, problem, setting
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.resumable import IO_TIMEOUT
 from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, BrokenShardPolicy, Decoder
 from imagenet_train.planning import plan
 from imagenet_train.planning.optimization import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, LrSchedule, Opt
 from imagenet_train.planning.plan import Mode
-from imagenet_train.settings import Setting, check, declared, flag, problem, setting
 
 
 class Amp(str, Enum):
@@ -254,7 +254,7 @@ class Config:
         if not data.shards and not data.train_urls:
             raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
         if data.decoder == Decoder.FUSED:
-            from imagenet_train.loading.jpegcrop import available
+            from imagenet_train.loading.fused_decoder import available
 
             if not available():
                 raise ImagenetTrainError(

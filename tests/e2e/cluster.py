@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 from imagebuild import Podman
 
-from chartkit.render import render
+from chartkit.objects import render
 
 from .kubelet import Kubelet, Refused, container_port, selects
 

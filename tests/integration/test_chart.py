@@ -19,9 +19,9 @@ import yaml
 from chart_matrix import LAUNCHERS, MATRIX, RELEASE, SERVERS, entry_id, matrix_values, parse, render_py
 from k8s_rules import aistore, training_operator
 
-from chartkit.render import render
+from chartkit.objects import render
+from imagenet_train.deployment import read_deployment
 from imagenet_train.errors import RETRY_EXIT
-from imagenet_train.launchers.deployment import plan
 
 from conftest import REPO as ROOT
 
@@ -242,7 +242,7 @@ def test_own_checks_catch_broken_objects():
 
 def deployment_of(rendered, launcher: str, server: str = "nginx", nodes: int = 2, elastic: bool = False):
     """What `launch --deployment` makes of the ConfigMap Helm rendered for this matrix entry."""
-    return plan(config_files(rendered[(launcher, server, nodes, elastic)]["helm-1.35.0"])["deployment.yaml"])
+    return read_deployment(config_files(rendered[(launcher, server, nodes, elastic)]["helm-1.35.0"])["deployment.yaml"])
 
 
 def image_entrypoint() -> list[str]:
@@ -382,7 +382,7 @@ def test_bad_values_fail_in_helm_and_render_py_naming_the_field(tmp_path, values
     assert script.stderr.startswith(f"render.py: error: values: {field}") and script.stderr.count("\n") == 1
 
 
-# Rules JSON Schema cannot state: the pods' `launch`, render.py and ngc.py share imagenet_train.launchers.deployment.
+# Rules JSON Schema cannot state: the pods' `launch`, render.py and ngc.py share imagenet_train.deployment.
 RULES = [
     (
         {"launcher": {"nprocPerNode": 3}},
@@ -454,7 +454,7 @@ def test_render_py_merges_values_files_like_helm(tmp_path):
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     config = config_files(objects)
     assert config["train.yaml"] == {"lr": 0.4, "epochs": 5, "resume": "latest"}
-    assert plan(config["deployment.yaml"]).train_flags[3] == "/results/exp-1"
+    assert read_deployment(config["deployment.yaml"]).train_flags[3] == "/results/exp-1"
 
 
 def test_examples_are_up_to_date_with_the_templates():
@@ -536,7 +536,7 @@ def trainer_pods(objects: dict) -> list[dict]:
 
 
 def test_every_path_a_training_pod_writes_is_on_a_declared_writable_volume(rendered):
-    from imagenet_train.launchers.deployment import WRITABLE_ENV
+    from imagenet_train.deployment import WRITABLE_ENV
 
     for entry, outputs in rendered.items():
         objects = outputs["render.py"]

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from imagenet_train.cli import build_parser
-from imagenet_train.commands.train import _config_from
+from imagenet_train.commands.train_cmd import _config_from
 from imagenet_train.config import Config, defaults
-from imagenet_train.launchers.deployment import OWNED, settings_flags
+from imagenet_train.deployment import OWNED, settings_flags
 
 from conftest import REPO as ROOT
 

@@ -69,7 +69,7 @@ def test_the_generated_reports_live_in_the_docs_and_their_tools_write_there():
     for page, tool in (
         ("reliability.md", "tools/fault_table.py"),
         ("e2e.md", "tools/e2e_table.py"),
-        ("benchmarks.md", "bench/report.py"),
+        ("benchmarks.md", "bench/benchmarks_page.py"),
     ):
         assert (ROOT / "docs" / page).is_file()
         assert f'default="docs/{page}"' in (ROOT / tool).read_text()

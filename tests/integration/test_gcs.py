@@ -79,7 +79,7 @@ def test_upload_skips_identical_files_and_sync_brings_them_back(gs_shards, digit
 def test_the_charts_fill_pod_copies_the_bucket_named_in_its_rendered_config(gs_shards, digit_shards, tmp_path):
     import yaml
 
-    from chartkit.render import render
+    from chartkit.objects import render
 
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"shards": {"nginx": {"fill": {"enabled": True, "from": gs_shards}}}}))
@@ -117,8 +117,8 @@ def test_a_checkpoint_upload_in_a_chart_pod_writes_only_under_its_volumes(emulat
     read-only root that upload failed. The pod's environment now points every such path at a volume."""
     import yaml
 
-    from chartkit.render import render
-    from imagenet_train.launchers.deployment import WRITABLE_ENV, plan, pod_environment
+    from chartkit.objects import render
+    from imagenet_train.deployment import WRITABLE_ENV, pod_environment, read_deployment
 
     checkpoint = tmp_path / "run" / "checkpoint.pt"
     checkpoint.parent.mkdir()
@@ -139,7 +139,7 @@ def test_a_checkpoint_upload_in_a_chart_pod_writes_only_under_its_volumes(emulat
         config = next(
             o for o in yaml.safe_load_all(render([str(values)], release="r")) if o and o["kind"] == "ConfigMap"
         )
-        pod = pod_environment(plan(yaml.safe_load(config["data"]["deployment.yaml"])), bare)
+        pod = pod_environment(read_deployment(yaml.safe_load(config["data"]["deployment.yaml"])), bare)
         volumes = {"/tmp": tmp_path / "scratch", "/results": tmp_path / "results"}  # the pod's emptyDirs, here
         for name in WRITABLE_ENV:
             mount = next(m for m in volumes if pod[name] == m or pod[name].startswith(m + "/"))
@@ -248,7 +248,7 @@ def test_node_local_cache_serves_the_second_epoch_from_disk(gs_shards, tmp_path)
 
 
 def test_results_uploader_mirrors_changes_and_reports_a_missing_bucket(emulator, tmp_path):
-    from imagenet_train.training.results import ResultsUploader
+    from imagenet_train.training.results_mirror import ResultsUploader
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

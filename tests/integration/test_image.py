@@ -74,7 +74,7 @@ def test_image_runs_the_chart_probe_under_the_charts_restricted_security_context
         IMAGE,
         "-c",
         "import google.cloud.storage, imagenet_train.io.gcs, boto3\n"
-        "from imagenet_train.loading.jpegcrop import available\n"
+        "from imagenet_train.loading.fused_decoder import available\n"
         "print('gcs ok' if available() else 'no libturbojpeg')",
         check=False,
     )

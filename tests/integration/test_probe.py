@@ -34,7 +34,7 @@ def test_probe_of_a_deployment_file_alone_reads_its_shard_source(digit_shards, t
     """`helm test` runs `probe --deployment FILE` with no location: it used to stop at argument parsing."""
     import yaml
 
-    from chartkit.render import render
+    from chartkit.objects import render
 
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"shards": {"server": "bucket", "bucket": {"url": "gs://acme-data/shards"}}}))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from chartkit.render import render
+from chartkit.objects import render
 
 from conftest import REPO as ROOT
 

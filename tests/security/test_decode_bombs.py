@@ -40,7 +40,7 @@ from bombs import flat_jpeg
 from imagenet_train.loading.stages import DamageCounters, decoded, read_shards
 from imagenet_train.loading.presets import TrainPreset, ValPreset
 from imagenet_train.loading.dali import jpeg_bytes
-from imagenet_train.loading import jpegcrop
+from imagenet_train.loading import fused_decoder
 import multiprocessing
 
 def rss_mb():
@@ -60,7 +60,7 @@ decoders = {
     "val": ValPreset(32).build(),
     "dali-hand-over": jpeg_bytes,
 }
-if jpegcrop.available():
+if fused_decoder.available():
     decoders["fused"] = TrainPreset(32, decoder="fused").build()
 for transform in decoders.values():
     transform(good)  # warm up every library before the baseline

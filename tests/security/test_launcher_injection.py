@@ -56,7 +56,7 @@ def test_a_newline_in_the_command_after_the_dashes_is_refused_for_slurm(tmp_path
 
 
 def test_the_ngc_tail_command_keeps_a_result_dir_one_shell_word():
-    from chartkit.ngc import tail_command
+    from chartkit.ngc_jobs import tail_command
 
     argv = tail_command("42", "/results; touch MARKER")
     assert shlex.split(argv[argv.index("--commandline") + 1]) == [

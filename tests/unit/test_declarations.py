@@ -11,11 +11,11 @@ import pytest
 
 from imagenet_train.cli import build_parser
 from imagenet_train.config import Config, defaults, settings_from
-from imagenet_train.launchers.deployment import LauncherKind, ShardServer
+from imagenet_train.declarations import declared, flag
+from imagenet_train.deployment import LauncherKind, ShardServer
 from imagenet_train.loading.options import BrokenShardPolicy, Decoder
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
-from imagenet_train.settings import declared, flag
 
 from conftest import REPO as ROOT
 
@@ -92,8 +92,8 @@ def test_a_config_holding_enum_members_saves_and_loads_back_as_the_words():
 
 
 def plan_flags_declared_here() -> list[str]:
-    """The flags of declared settings that commands/plan.py adds with add_argument itself (its own default)."""
-    tree = ast.parse((PACKAGE / "commands" / "plan.py").read_text())
+    """The flags of declared settings that commands/plan_cmd.py adds with add_argument itself (its own default)."""
+    tree = ast.parse((PACKAGE / "commands" / "plan_cmd.py").read_text())
     settings = {flag(name) for name in defaults()}
     return [
         f"plan.py:{node.lineno}: {node.args[0].value}"

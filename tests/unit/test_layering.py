@@ -170,7 +170,7 @@ def test_nothing_in_the_package_imports_the_cli_module():
 # The decoders and per-sample augmentation live in loading/; training asks loading.batches for device batches.
 DECODERS = {
     f"{ROOT}.loading.dali",
-    f"{ROOT}.loading.jpegcrop",
+    f"{ROOT}.loading.fused_decoder",
     f"{ROOT}.loading.presets",
     f"{ROOT}.datasets.pixels",
     "simplejpeg",

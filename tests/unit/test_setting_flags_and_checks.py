@@ -4,8 +4,8 @@ import pytest
 
 from imagenet_train.cli import build_parser
 from imagenet_train.config import Config
+from imagenet_train.declarations import declared, flag
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.settings import declared, flag
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from imagenet_train.config import SECTIONS
-from imagenet_train.launchers.deployment import OWNED
-from imagenet_train.settings import declared, expectation, flag, json_schema
+from imagenet_train.declarations import declared, expectation, flag, json_schema
+from imagenet_train.deployment import OWNED
 
 from . import CHART_DIR, ROOT
 from .annotations import read_source

@@ -1,5 +1,5 @@
 """The chart's values, the way Helm sees them: defaults, then -f files in order; checked by the chart's own
-values.schema.json and by the cross-field rules the pods' `launch` also applies (imagenet_train.launchers.deployment).
+values.schema.json and by the cross-field rules the pods' `launch` also applies (imagenet_train.deployment).
 
 tools/render.py and tools/ngc.py never accept values Helm or the pods would reject. `--set` is Helm's own
 syntax and stays Helm's: write a values file instead.
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from imagenet_train.config import read_mapping
+from imagenet_train.deployment import problems as deployment_problems
 from imagenet_train.errors import CLIP, ImagenetTrainError, clip
-from imagenet_train.launchers.deployment import problems as deployment_problems
 
 from . import CHART_DIR
 

@@ -12,7 +12,7 @@ import torch
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
-from imagenet_train.loading.crops import random_resized_crop_box
+from imagenet_train.loading.crop_boxes import random_resized_crop_box
 from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, Decoder
 
 ensure_torchvision()
@@ -75,7 +75,7 @@ class TrainPreset:
     """RandomResizedCrop to `size` (area fraction from `min_scale` to 1) and an optional horizontal flip.
 
     `decoder` picks how: simplejpeg or pil decode the whole image and crop the uint8 tensor; fused crops and
-    scales inside libjpeg-turbo (imagenet_train.loading.jpegcrop). All three draw the same crop distribution.
+    scales inside libjpeg-turbo (imagenet_train.loading.fused_decoder). All three draw the same crop distribution.
     """
 
     size: int = CROP_SIZE
@@ -86,7 +86,7 @@ class TrainPreset:
 
     def build(self) -> Callable[[bytes], torch.Tensor]:
         if self.decoder == Decoder.FUSED:
-            from imagenet_train.loading.jpegcrop import FusedCropDecoder
+            from imagenet_train.loading.fused_decoder import FusedCropDecoder
 
             return FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip, self.max_pixels)
         crop = RandomResizedCropFlip(self.size, (self.min_scale, 1.0), self.hflip)

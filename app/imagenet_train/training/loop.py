@@ -29,10 +29,10 @@ from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
 from imagenet_train.training.key_log import consumed_keys
 from imagenet_train.training.optimizers import build_optimizer
-from imagenet_train.training.parts import build_model, preflight_check
 from imagenet_train.training.preempt import StepVote, StopRequest
+from imagenet_train.training.preflight import build_model, preflight_check
 from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
-from imagenet_train.training.results import ResultsMirror, fetch_for_resume
+from imagenet_train.training.results_mirror import ResultsMirror, fetch_for_resume
 from imagenet_train.training.run_record import EpochRecords, derived, write_config
 from imagenet_train.training.step import TrainStep, amp_dtype, distribute
 from imagenet_train.training.tally import EpochTally

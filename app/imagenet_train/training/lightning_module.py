@@ -29,7 +29,7 @@ from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training.optimizers import build_optimizer
-from imagenet_train.training.parts import build_model, preflight_check
+from imagenet_train.training.preflight import build_model, preflight_check
 
 
 def refuse_uneven_modes(cfg: Config) -> None:

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from imagenet_train.deployment import admission_problems
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.launchers.deployment import admission_problems
 
 from . import CHART_DIR, TEMPLATES
 from .values import load_values, load_yaml

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from imagenet_train.commands import deployment_file
+from imagenet_train.declarations import number, text
 from imagenet_train.io.resumable import IO_TIMEOUT
-from imagenet_train.settings import number, text
 
 
 def _transfer(copies, copy, args: argparse.Namespace, verb: str, url: str) -> int:

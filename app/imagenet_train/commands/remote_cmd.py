@@ -8,9 +8,9 @@ import re
 import sys
 from pathlib import Path
 
+from imagenet_train.declarations import number, text
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.launch import GRACE_PERIOD
-from imagenet_train.settings import number, text
 
 SIGNAL = re.compile(r"(R:)?(SIG)?(USR1|USR2|TERM|INT|HUP|\d+)(@\d+)?")
 

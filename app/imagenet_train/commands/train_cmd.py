@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from imagenet_train.commands import Parser
-from imagenet_train.settings import add_flag, declared
+from imagenet_train.declarations import add_flag, declared
 
 
 def _add_settings(parser: argparse.ArgumentParser, section) -> None:

@@ -8,7 +8,7 @@ import os
 
 from imagenet_train.config import setting_help
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
-from imagenet_train.settings import choice, number, text
+from imagenet_train.declarations import choice, number, text
 
 
 def cmd_shards(args: argparse.Namespace) -> int:

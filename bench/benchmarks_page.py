@@ -1,7 +1,7 @@
 """`make bench`: run P1-P5 side by side on this machine and write docs/benchmarks.md (P6 runs only with a GPU).
 
-python bench/report.py [--images 2600] [--workdir bench/.work] [--out docs/benchmarks.md]
-python bench/report.py --only P1_P2 epochs   # re-measure those sections; the rest of docs/benchmarks.md stays
+python bench/benchmarks_page.py [--images 2600] [--workdir bench/.work] [--out docs/benchmarks.md]
+python bench/benchmarks_page.py --only P1_P2 epochs   # re-measure those sections; the rest of docs/benchmarks.md stays
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def epochs_block(e: dict, machine: str) -> list[str]:
     lines = [
         "## Epoch boundary and host-side step overhead (CPU), before and after",
         "",
-        f"Measured {e.get('date', '')} on {machine} by `python bench/report.py --only epochs --workers {w}` "
+        f"Measured {e.get('date', '')} on {machine} by `python bench/benchmarks_page.py --only epochs --workers {w}` "
         "(part of `make bench`), which runs `bench/stepoverhead.py` (the trainer's own `train_epoch`, resampled "
         f"mode, {w} loader workers, one torch thread) with `PYTHONPATH` at the package of `{ref}` (before: main "
         "just before issue 16's input work) and at this tree (after), interleaved before/after/before/after; of "
@@ -406,7 +406,7 @@ def render(r: dict, args) -> str:
         "# Benchmarks",
         "",
         f"Measured {today} on: {r['machine']}. Command: `make bench` "
-        f"(`python bench/report.py --images {r['images']} --workers {r['P1_P2']['workers']}`), "
+        f"(`python bench/benchmarks_page.py --images {r['images']} --workers {r['P1_P2']['workers']}`), "
         f"{r['seconds']:.0f} s in all.",
         f"Data: {r['images']} ImageNet-like JPEGs, 500x375 at quality 90, mean {r['mean_jpeg_kb']:.0f} KB "
         "(scikit-learn's two sample photos, randomly cropped, flipped, colour-shifted and grained to ImageNet's "
@@ -454,7 +454,7 @@ def update(old: str, r: dict, args) -> str:
     loads = "; ".join(f"{name} {load_note(r[name])}" for name in args.only)
     note = (
         f"{REMEASURED} {datetime.date.today().isoformat()}: {', '.join(args.only)}, with "
-        f"`python bench/report.py --only {' '.join(args.only)} --workers {args.workers}` "
+        f"`python bench/benchmarks_page.py --only {' '.join(args.only)} --workers {args.workers}` "
         f"({r['seconds']:.0f} s; 1-minute load average at start-end of each: {loads})."
     )
     kept = [line for line in head.rstrip("\n").splitlines() if not superseded(line, args.only)]

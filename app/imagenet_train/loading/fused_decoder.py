@@ -17,7 +17,7 @@ import torch
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
-from imagenet_train.loading.crops import Box, random_resized_crop_box
+from imagenet_train.loading.crop_boxes import Box, random_resized_crop_box
 from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE
 
 ensure_torchvision()

@@ -15,7 +15,7 @@ from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Config
 from imagenet_train.datasets.source import resolve_source
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading import crops, jpegcrop
+from imagenet_train.loading import crop_boxes, fused_decoder
 from imagenet_train.loading.presets import TrainPreset, decode_rgb
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 
@@ -47,7 +47,7 @@ def box_features(boxes: list[tuple[int, int, int, int]], height: int, width: int
 @pytest.mark.parametrize(("height", "width"), [(375, 500), (500, 333), (64, 900)])
 def test_crop_boxes_follow_torchvisions_random_resized_crop_distribution(height, width):
     torch.manual_seed(0)
-    ours = [tuple(vars(crops.random_resized_crop_box(height, width)).values()) for _ in range(20000)]
+    ours = [tuple(vars(crop_boxes.random_resized_crop_box(height, width)).values()) for _ in range(20000)]
     torch.manual_seed(1)
     reference = v2.RandomResizedCrop(224)
     image = torch.zeros(3, height, width, dtype=torch.uint8)
@@ -63,8 +63,8 @@ def test_crop_boxes_follow_torchvisions_random_resized_crop_distribution(height,
 
 def test_the_distribution_test_tells_a_different_scale_range_apart():
     torch.manual_seed(0)
-    wide = [tuple(vars(crops.random_resized_crop_box(375, 500)).values()) for _ in range(5000)]
-    narrow = [tuple(vars(crops.random_resized_crop_box(375, 500, (0.3, 1.0))).values()) for _ in range(5000)]
+    wide = [tuple(vars(crop_boxes.random_resized_crop_box(375, 500)).values()) for _ in range(5000)]
+    narrow = [tuple(vars(crop_boxes.random_resized_crop_box(375, 500, (0.3, 1.0))).values()) for _ in range(5000)]
     result = stats.ks_2samp(box_features(narrow, 375, 500)["area"], box_features(wide, 375, 500)["area"])
     assert result.pvalue < 1e-6
 
@@ -72,17 +72,17 @@ def test_the_distribution_test_tells_a_different_scale_range_apart():
 @pytest.mark.parametrize(
     "box",
     [
-        crops.Box(0, 0, 375, 500),  # everything: DCT scale 5/8 (375 -> 234)
-        crops.Box(37, 60, 300, 280),  # inside: lossless crop, scale 7/8 or 3/4
-        crops.Box(100, 200, 120, 130),  # small: lossless crop, full-size decode, upscaled
-        crops.Box(200, 300, 175, 200),  # touches the right/bottom partial MCUs: whole-image path
-        crops.Box(5, 3, 240, 230),  # unaligned origin
+        crop_boxes.Box(0, 0, 375, 500),  # everything: DCT scale 5/8 (375 -> 234)
+        crop_boxes.Box(37, 60, 300, 280),  # inside: lossless crop, scale 7/8 or 3/4
+        crop_boxes.Box(100, 200, 120, 130),  # small: lossless crop, full-size decode, upscaled
+        crop_boxes.Box(200, 300, 175, 200),  # touches the right/bottom partial MCUs: whole-image path
+        crop_boxes.Box(5, 3, 240, 230),  # unaligned origin
     ],
 )
 def test_fused_crop_matches_decode_then_crop_within_a_small_pixel_error(box):
     data = photo_jpeg()
-    decoder = jpegcrop.FusedCropDecoder(224, hflip=False)
-    fused = decoder.crop(data, box, (500, 375), jpegcrop.MCU[decoder.jpeg.decode_header(data)[2]])
+    decoder = fused_decoder.FusedCropDecoder(224, hflip=False)
+    fused = decoder.crop(data, box, (500, 375), fused_decoder.MCU[decoder.jpeg.decode_header(data)[2]])
     reference = functional.resized_crop(
         decode_rgb(data), box.top, box.left, box.height, box.width, [224, 224], antialias=True
     )
@@ -111,7 +111,7 @@ def test_progressive_cmyk_and_non_jpeg_fall_back_to_a_full_decode(data, kind):
     elif kind == "png":
         image.save(buffer, "PNG")
         data = buffer.getvalue()
-    decoder = jpegcrop.FusedCropDecoder(224)
+    decoder = fused_decoder.FusedCropDecoder(224)
     out = decoder(data)
     assert out.shape == (3, 224, 224) and out.dtype == torch.uint8
     assert decoder.fallbacks == 1 and decoder.fused == 0

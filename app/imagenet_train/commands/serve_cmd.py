@@ -10,8 +10,8 @@ import time
 
 from imagenet_train.commands import deployment_file
 from imagenet_train.config import setting_help
+from imagenet_train.declarations import number, text
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.settings import number, text
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -42,7 +42,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     location = args.location
     if args.deployment:
-        from imagenet_train.launchers.deployment import shards_url
+        from imagenet_train.deployment import shards_url
 
         document = deployment_file(args.deployment)
         location = shards_url(document, document["name"])

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from imagenet_train.deployment import ShardServer, gpus_per_node, nproc, owned_flags, settings_flags
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.launchers.deployment import ShardServer, gpus_per_node, nproc, owned_flags, settings_flags
 
 INSTALL_HINT = (
     "the NGC CLI (`ngc`) is not installed: download it from https://org.ngc.nvidia.com/setup/installers/cli, "

@@ -6,9 +6,9 @@ import argparse
 import os
 
 from imagenet_train.commands import deployment_file
+from imagenet_train.declarations import number, text
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.launch import GRACE_PERIOD
-from imagenet_train.settings import number, text
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -18,16 +18,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     nproc, wait_for, wait_timeout = args.nproc_per_node, args.wait_for, args.wait_timeout
     if args.deployment:
-        from imagenet_train.launchers.deployment import plan, pod_environment
+        from imagenet_train.deployment import pod_environment, read_deployment
 
-        deployment = plan(deployment_file(args.deployment))
+        deployment = read_deployment(deployment_file(args.deployment))
         os.environ.update(pod_environment(deployment, os.environ))
         nproc = nproc or str(deployment.nproc)
         wait_for, wait_timeout = wait_for or deployment.wait_for, deployment.wait_timeout
         if program[:1] == ["train"]:
             program = [*program, *deployment.train_flags]  # after --config: the deployment's places win
     if wait_for and not args.dry_run:
-        from imagenet_train.commands.train import train_config
+        from imagenet_train.commands.train_cmd import train_config
         from imagenet_train.ops.probe import wait_for as wait_for_shards
 
         trust = program[:1] == ["train"] and train_config(program[1:]).data.trust_index  # the run's own choice
@@ -47,7 +47,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
             "`imagenet-train ray --workers 2 -- train --shards URL`"
         )
     options = RayOptions(args.address, args.workers, args.gpus, args.max_failures, args.cpus_per_worker)
-    from imagenet_train.commands.train import train_config
+    from imagenet_train.commands.train_cmd import train_config
 
     last = run(train_config(program[1:]), options)
     top1 = f", top-1 {last['top1']:.4f}" if "top1" in last else ""
@@ -59,7 +59,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Write a run's plots and print its summary table."""
     from pathlib import Path
 
-    from imagenet_train.training.report import report
+    from imagenet_train.training.run_report import report
 
     table, written = report(Path(args.run_dir))
     print(table)

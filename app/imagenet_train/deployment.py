@@ -18,8 +18,8 @@ from enum import Enum
 from typing import Any
 
 from imagenet_train.config import Config, settings_from
+from imagenet_train.declarations import flag
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.settings import flag
 
 
 class LauncherKind(str, Enum):
@@ -173,7 +173,7 @@ def pod_environment(deployment: Deployment, environ: Mapping[str, str]) -> dict[
     return {**deployment.env, **environ, **WRITABLE_ENV}
 
 
-def plan(document: Mapping[str, Any]) -> Deployment:
+def read_deployment(document: Mapping[str, Any]) -> Deployment:
     """The launch plan of a training pod from the chart's deployment.yaml."""
     name, values = document["name"], document
     problem = next(iter(problems(values)), None)

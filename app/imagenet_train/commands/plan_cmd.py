@@ -7,8 +7,8 @@ import dataclasses
 import json
 
 from imagenet_train.config import declaration
+from imagenet_train.declarations import add_flag, number
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.settings import add_flag, number
 
 
 def _plan_setup(args: argparse.Namespace) -> None:
