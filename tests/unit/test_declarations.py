@@ -115,6 +115,7 @@ def test_plan_declares_no_flag_of_a_training_setting_itself():
 
 def test_plan_flags_default_and_check_as_train_declares_them():
     args = build_parser().parse_args(["plan", "--nshards", "1", "--samples-per-shard", "1"])
+    args.check(args)  # settings not given come from --config FILE, else their declared defaults
     taken = {name: value for name, value in vars(args).items() if name in defaults()}
     assert set(taken) >= {"workers", "batch_size", "mode", "epoch_batches", "repeat", "seed", "verify_shards"}
     assert taken == {name: defaults()[name] for name in taken}
@@ -124,3 +125,15 @@ def test_the_planners_setup_defaults_are_the_declared_defaults():
     fields = {f.name: f.default for f in dataclasses.fields(plan.Setup)}
     shared = {"workers", "batch_size", "mode", "epoch_batches", "repeat", "seed"}
     assert {name: fields[name] for name in shared} == {name: defaults()[name] for name in shared}
+
+
+def test_plan_takes_a_recipes_settings_from_config_and_gives_each_rank_its_share(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("global_batch_size: 1024\nworkers: 12\nmode: split\n")
+    argv = ["plan", "--config", str(recipe), "--nshards", "64", "--samples-per-shard", "100", "--gpus-per-node", "8"]
+    args = build_parser().parse_args(argv)
+    args.check(args)
+    assert (args.batch_size, args.workers, args.mode) == (128, 12, "split")
+    given = build_parser().parse_args([*argv, "--workers", "3"])
+    given.check(given)
+    assert given.workers == 3  # a flag given wins over the file

@@ -10,10 +10,49 @@ from imagenet_train.config import declaration
 from imagenet_train.declarations import add_flag, number
 from imagenet_train.errors import ImagenetTrainError, clip
 
+# The training settings plan takes: flags given win over --config FILE, which wins over the declared defaults.
+PLAN_SETTINGS = (
+    "shards",
+    "trust_index",
+    "workers",
+    "batch_size",
+    "mode",
+    "epoch_batches",
+    "repeat",
+    "seed",
+    "opt",
+    "warmup_epochs",
+    "verify_shards",
+)
+
+
+def _settings(args: argparse.Namespace) -> None:
+    """Fill each training setting plan takes: the flag given, else the --config file's value, else the default.
+
+    A --config FILE that sets global_batch_size (a recipe) gives each of the planned ranks its share."""
+    from imagenet_train.config import defaults, load_settings
+
+    chosen = load_settings(args.config_file) if args.config_file else {}
+    default = defaults()
+    for name in PLAN_SETTINGS:
+        if not hasattr(args, name):
+            setattr(args, name, chosen.get(name, default[name]))
+    total, world = chosen.get("global_batch_size", 0), args.nodes * args.gpus_per_node
+    if total and "batch_size" not in args.given:
+        if total % world:
+            raise ImagenetTrainError(
+                f"--config {args.config_file}: global_batch_size {total} does not divide over {world} ranks "
+                f"(--nodes x --gpus-per-node); expected a multiple of {world}"
+            )
+        args.batch_size = total // world
+
 
 def _plan_setup(args: argparse.Namespace) -> None:
     """The planner's Setup from an index, a list of sizes or a count (stored on `args`)."""
     from imagenet_train.planning import plan
+
+    args.given = {name for name in PLAN_SETTINGS if hasattr(args, name)}
+    _settings(args)
 
     urls: list[str] = []
     args.expected = {}
@@ -101,7 +140,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _add_setting(parser: argparse.ArgumentParser, name: str, context: str = "") -> None:
     """A training setting's flag as `train` takes it (type, range, help and default from config.py)."""
-    add_flag(parser, *declaration(name), given_only=False, context=context)
+    add_flag(parser, *declaration(name), context=context)
 
 
 def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
@@ -112,6 +151,12 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
         help="show how shards split over nodes x GPUs x workers and whether every rank gets the same batches",
     )
     # Training settings come from their declarations; the rest describe the launch being planned.
+    planner.add_argument(
+        "--config",
+        dest="config_file",
+        default="",
+        help="YAML or JSON file of training settings, as `train --config` takes it (a recipe); flags given win",
+    )
     _add_setting(planner, "shards")
     _add_setting(planner, "trust_index")
     planner.add_argument("--shard-sizes", default="", help="samples per shard, comma-separated (instead of an index)")
