@@ -49,7 +49,8 @@ def block(p: dict, machine: str, ceiling: float = P6_CEILING) -> list[str]:
         "",
         f"Measured {p.get('date', '')} on {machine} by `python bench/report.py --only percore` (part of "
         f"`make bench`; it runs `python bench/percore.py --rounds {p['rounds']} --seconds {p['seconds']:g}` in a "
-        f"fresh process: {p['setup_s']} s making the shard sets the first time, {p['measure_s']} s measuring). "
+        f"fresh process: {p['measure_s']} s measuring, {p['setup_s']} s for the shard sets, which are made once "
+        "under bench/.work, ~2 minutes the first time here). "
         f"1-minute load average {start:.1f} at the start and {end:.1f} at the end; before each round "
         f"{', '.join(f'{v:.1f}' for v in loads[:-1])} (2 cores, shared with other jobs: absolute rates drift with "
         "it, so each configuration ran once per round, rounds interleaved, and the table gives every round).",
@@ -72,7 +73,8 @@ def block(p: dict, machine: str, ceiling: float = P6_CEILING) -> list[str]:
         f"- **full-size, short side {LARGE_SIDES[0]}-{LARGE_SIDES[1]}**: the same kind of image at 4:3 with the "
         "short side drawn log-uniformly in that range, the same grain per pixel "
         f"({p['sample_kb']['large']:.0f} kB a sample). It stands for camera-size photos: ImageNet's large "
-        "minority, or a dataset of your own that was never downsized. A bound from above, not ImageNet's mix.",
+        "minority, or a dataset of your own that was never downsized. Heavier than ImageNet's mix: its worst "
+        "case.",
         *[
             f"- **`--resize {n}`**: `imagenet-train shards --resize {n}` of the standard set: every image whose "
             f"short side is above {n} px re-encoded at {n} px, quality 90 ({p['sample_kb'][f'resize{n}']:.0f} kB "
@@ -100,9 +102,37 @@ def block(p: dict, machine: str, ceiling: float = P6_CEILING) -> list[str]:
         "at 160 px is faster: FFCV reports 1.5-2x faster steps at low resolution (their figure, not ours), so "
         "multiply those rows by the speed-up your GPU shows (2x at 160 px doubles the cores).",
         "",
-        "The per-core rate is this machine's; a server core can be faster (P6's runs fed 2,354 and 3,939 img/s "
-        "from 8 workers on the H100's host, 294-492 img/s a worker at 224 px). Run `python bench/percore.py` "
-        "on the training hosts to count their cores.",
+        *reading(p, ceiling),
+        "",
+        "The per-core rate is this machine's; a server core can be faster (P6's runs on the H100's host fed "
+        "2,354 img/s from 8 workers at 224 px, and 3,939 img/s, the GPU's ceiling, in another: 294 and at least "
+        "492 img/s a worker, on its own data). Run `python bench/percore.py` on the training hosts to count "
+        "their cores.",
         "",
     ]
     return lines
+
+
+def reading(p: dict, ceiling: float) -> list[str]:
+    """What the table says for a recipe that trains at 160 px and ends at 224 px, with the default decoder."""
+    rate = {(crop, kind): p["median"][key(crop, kind, "simplejpeg")] for crop in CROPS for kind in KINDS}
+    low = RESIZES[-1]
+
+    def cores(crop: int, kind: str, speedup: float = 1.0) -> float:
+        return cores_to_feed(ceiling * speedup, rate[(crop, kind)])
+
+    fused = [key(c, k, "fused") for c in CROPS for k in KINDS if "fused" in p["decoders"]]
+    slower = sum(p["median"][name] < p["median"][name.replace("fused", "simplejpeg")] for name in fused)
+    return [
+        f"Reading it (simplejpeg, the default): from full-size shards one H100 at P6's rate needs "
+        f"{cores(224, 'full'):.1f} cores at 224 px. At 160 px the smaller crop saves little CPU, "
+        f"{1 - rate[(224, 'full')] / rate[(160, 'full')]:.0%} per image, because decoding the whole image "
+        "dominates; so if the GPU steps 1.5-2x faster there (FFCV's figure), it needs "
+        f"{cores(160, 'full', 1.5):.1f}-{cores(160, 'full', 2):.1f} cores from full-size shards, or "
+        f"{cores(160, f'resize{low}', 1.5):.1f}-{cores(160, f'resize{low}', 2):.1f} from `--resize {low}` shards "
+        f"({cores(224, f'resize{low}'):.1f} at 224 px). Shards of camera-size photos need "
+        f"{cores(224, 'large'):.0f} cores at 224 px. `--resize {low}` still holds a 224-px train crop and "
+        f"torchvision's evaluation (resize 256, crop 224); an evaluation resized above {low} px would upsample "
+        f"them, `--resize {RESIZES[0]}` leaves room for it. The fused decoder is slower than simplejpeg in "
+        f"{slower} of {len(fused)} rows (see Why the fused decoder is not the default).",
+    ]

@@ -101,3 +101,10 @@ def test_the_page_says_the_low_resolution_gpu_rate_was_not_measured() -> None:
 def test_no_rate_needs_unbounded_cores() -> None:
     assert percore_table.cores_to_feed(3949.0, 0.0) == float("inf")
     assert percore_table.cores_to_feed(3949.0, 3949.0) == 1.0
+
+
+def test_reading_scales_the_low_resolution_cores_by_the_anchors_speed_up() -> None:
+    text = "\n".join(percore_table.reading(results(395.0), ceiling=3949.0))
+    assert "needs 10.0 cores at 224 px" in text
+    assert "15.0-20.0 cores from full-size shards" in text
+    assert "fused decoder is slower than simplejpeg in 0 of 12 rows" in text
