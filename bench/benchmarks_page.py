@@ -2,6 +2,8 @@
 
 python bench/benchmarks_page.py [--images 2600] [--workdir bench/.work] [--out docs/benchmarks.md]
 python bench/benchmarks_page.py --only P1_P2 epochs   # re-measure those sections; the rest of docs/benchmarks.md stays
+
+A whole run keeps the page's hand-written `## ` sections (those no part here writes) before "P6 on a GPU".
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,18 +25,21 @@ import decode_parts  # noqa: E402
 import epochs  # noqa: E402
 import httpread  # noqa: E402
 import loader  # noqa: E402
+import pages  # noqa: E402
+import percore_table  # noqa: E402
 import startup  # noqa: E402
 
 from imagenet_train.datasets.convert import ShardOptions  # noqa: E402
 from imagenet_train.datasets.convert import convert as make_shards  # noqa: E402
 
-SECTIONS = ("P1_P2", "P3", "P4", "P5", "decode_parts", "epochs")
+SECTIONS = ("P1_P2", "P3", "P4", "P5", "decode_parts", "epochs", "percore")
 # What each section owns in docs/benchmarks.md: its table rows (by their first cell) and its own heading.
 ROW_LABELS = {"P1_P2": ("P1", "P2"), "P3": ("P3",), "P4": ("P4",), "P5": ("P5",)}
 HEADINGS = {
     "epochs": "## Epoch boundary",
     "P1_P2": "## Per-image cost",
     "decode_parts": "## Why the fused decoder",
+    "percore": percore_table.HEADING,
 }
 P6_COMMAND = (
     "imagenet-train shards /data/imagenet /data/shards --workers 16\n"
@@ -90,6 +96,7 @@ def main() -> None:
         "P5": lambda: startup.run(images, work, args.workers),
         "decode_parts": lambda: decode_parts.run(images),
         "epochs": lambda: epochs.run(digits, shards, work, args.workers, args.before),
+        "percore": lambda: per_core(work, args.images),
     }
     for name in args.only or SECTIONS:
         print(f"{name} ...", flush=True)
@@ -101,9 +108,17 @@ def main() -> None:
         print(json.dumps(results[name]), flush=True)
     results["seconds"] = time.time() - began
     (work / "results.json").write_text(json.dumps(results, indent=1))
-    text = update(Path(args.out).read_text(), results, args) if args.only else render(results, args)
+    old = Path(args.out).read_text() if Path(args.out).exists() else ""
+    text = update(old, results, args) if args.only else render(results, args, old)
     Path(args.out).write_text(text)
     print(f"wrote {args.out} in {results['seconds']:.0f} s")
+
+
+def per_core(work: Path, images: int) -> dict:
+    """bench/percore.py's figures, run in a fresh process (its workers' forkserver preloads the decoders)."""
+    command = [sys.executable, str(Path(__file__).with_name("percore.py")), "--workdir", str(work)]
+    done = subprocess.run([*command, "--images", str(images)], stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def wait_for_load(below: float, patience: float = 1200) -> None:
@@ -316,9 +331,12 @@ def load_pair(x: dict) -> str:
     return f"{x['load'][0]:.1f}-{x['load'][1]:.1f}" if "load" in x else ""
 
 
+P6_HEADING = "## P6 on a GPU"
+
+
 def p6_block() -> list[str]:
     return [
-        "## P6 on a GPU",
+        P6_HEADING,
         "",
         "P6 ran on a lent NVIDIA H100 80GB HBM3 (16 cores); its raw figures: `bench/results/p6-h100.jsonl`. "
         "Data wait: share of wall time the training thread spent waiting for the next batch (for DALI this "
@@ -331,6 +349,21 @@ def p6_block() -> list[str]:
     ]
 
 
+def p6_runs() -> dict:
+    """P6's figures by run name (bench/results/p6-h100.jsonl), the sync checks left out."""
+    runs: dict = {}
+    for line in P6_RESULTS.read_text().splitlines() if P6_RESULTS.exists() else []:
+        for key, value in json.loads(line).items():
+            if isinstance(value, dict) and "img_s" in value and "sync_check" not in value:
+                runs[key] = value
+    return runs
+
+
+def p6_ceiling() -> float:
+    """P6's ceiling (img/s at 224 px on one H100), or the figure it measured when its results are absent."""
+    return p6_runs().get("synthetic", {}).get("img_s", percore_table.P6_CEILING)
+
+
 def p6_rows() -> list[str]:
     """P6 from the figures a lent GPU produced (bench/results/p6-h100.jsonl), or the plain statement."""
     if not P6_RESULTS.exists():
@@ -338,12 +371,7 @@ def p6_rows() -> list[str]:
             "| P6 | ResNet-50 bf16 channels_last b256, synthetic vs real shards | not run: no GPU was lent | "
             ">= 3,000 img/s; real >= 95% | - |"
         ]
-    runs: dict = {}
-    for line in P6_RESULTS.read_text().splitlines():
-        record = json.loads(line)
-        for key, value in record.items():
-            if isinstance(value, dict) and "img_s" in value and "sync_check" not in value:
-                runs[key] = value
+    runs = p6_runs()
     ceiling = runs["synthetic"]["img_s"]
     rows = [
         f"| P6 | ResNet-50 bf16 channels_last b256 on one H100, trainer's step, fixed batch on the GPU (ceiling) | "
@@ -394,12 +422,13 @@ def section_blocks(r: dict) -> dict[str, list[str]]:
         "P1_P2": per_image_block,
         "decode_parts": decode_parts_block,
         "epochs": lambda x: epochs_block(x, r["machine"]),
+        "percore": lambda x: percore_table.block(x, r["machine"], p6_ceiling()),
     }
     return {name: build(r[name]) for name, build in builders.items() if name in r}
 
 
-def render(r: dict, args) -> str:
-    """The whole of docs/benchmarks.md from a run of every section."""
+def render(r: dict, args, old: str = "") -> str:
+    """The whole of docs/benchmarks.md from a run of every section, keeping `old`'s hand-written sections."""
     rows, blocks = section_rows(r), section_blocks(r)
     today = datetime.date.today().isoformat()
     lines = [
@@ -419,6 +448,7 @@ def render(r: dict, args) -> str:
         *p6_rows(),
         "",
         *[line for name in HEADINGS for line in blocks[name]],
+        *pages.hand_written(old, [*HEADINGS.values(), P6_HEADING]),
         *p6_block(),
     ]
     return "\n".join(lines)

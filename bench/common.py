@@ -18,12 +18,18 @@ QUALITY = 90
 NOISE = 20.0  # sensor-like grain; sets the compressed size near ImageNet's
 
 
-def imagenet_like(root: Path, count: int, classes: int = 10, seed: int = 0) -> Path:
+def imagenet_like(
+    root: Path, count: int, classes: int = 10, seed: int = 0, short_sides: tuple[int, int] | None = None
+) -> Path:
     """`count` JPEGs of 500x375 at quality 90 in ImageFolder layout, cut from real photos (scikit-learn's
     sample images) with random crops, flips, colour shifts and sensor-like noise so they compress like
-    ImageNet photos (~110 KB). Reused when already there."""
+    ImageNet photos (~110 KB). Reused when already there.
+
+    `short_sides` (low, high): each image 4:3 with its short side drawn log-uniformly in that range instead,
+    with the same grain per pixel (so bytes grow with pixels, ~0.55 B/pixel)."""
     stamp = root / "DONE.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("count") == count:
+    recipe = {"count": count, **({"short_sides": list(short_sides)} if short_sides else {})}
+    if stamp.exists() and {k: v for k, v in json.loads(stamp.read_text()).items() if k != "mean_bytes"} == recipe:
         return root
     from sklearn.datasets import load_sample_images
 
@@ -33,10 +39,14 @@ def imagenet_like(root: Path, count: int, classes: int = 10, seed: int = 0) -> P
     for index in range(count):
         photo = photos[index % len(photos)]
         height, width = photo.shape[:2]
+        side = SIDE
+        if short_sides:
+            short = round(float(np.exp(rng.uniform(np.log(short_sides[0]), np.log(short_sides[1])))))
+            side = (round(short * SIDE[0] / SIDE[1]), short)
         crop_w = int(rng.uniform(0.55, 1.0) * width)
         crop_h = min(height, int(crop_w * SIDE[1] / SIDE[0]))
         top, left = rng.integers(0, height - crop_h + 1), rng.integers(0, width - crop_w + 1)
-        patch = Image.fromarray(photo[top : top + crop_h, left : left + crop_w]).resize(SIDE, Image.BICUBIC)
+        patch = Image.fromarray(photo[top : top + crop_h, left : left + crop_w]).resize(side, Image.BICUBIC)
         pixels = np.asarray(patch, dtype=np.float32) * rng.uniform(0.8, 1.2, size=3)
         pixels += rng.normal(0, NOISE, size=pixels.shape)
         image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
@@ -48,7 +58,7 @@ def imagenet_like(root: Path, count: int, classes: int = 10, seed: int = 0) -> P
         image.save(buffer, "JPEG", quality=QUALITY)
         (folder / f"img_{index:06d}.JPEG").write_bytes(buffer.getvalue())
         sizes.append(len(buffer.getvalue()))
-    stamp.write_text(json.dumps({"count": count, "mean_bytes": float(np.mean(sizes))}))
+    stamp.write_text(json.dumps({**recipe, "mean_bytes": float(np.mean(sizes))}))
     return root
 
 
