@@ -15,10 +15,10 @@ from typing import Any
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.resumable import IO_TIMEOUT
-from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, BrokenShardPolicy, Decoder
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, BrokenShardPolicy, Decoder
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
-from imagenet_train.settings import Setting, check, declared, flag, problem, setting
+from imagenet_train.settings import Setting, canonical_names, check, declared, flag, problem, setting
 
 
 class Amp(str, Enum):
@@ -62,9 +62,42 @@ class DataConfig:
         maximum=1 << 24,
     )
     workers: int = setting(plan.WORKERS, "DataLoader workers per rank", minimum=0, maximum=512)
-    image_size: int = setting(CROP_SIZE, "training and evaluation crop size", minimum=1, maximum=8192)
-    val_resize: int = setting(
-        0, "evaluation resize of the short side before the centre crop (0: size/0.875)", minimum=0, maximum=16384
+    train_crop_size: int = setting(
+        CROP_SIZE, "training crop size (RandomResizedCrop)", minimum=1, maximum=8192, aliases=("image_size",)
+    )
+    val_resize_size: int = setting(
+        0,
+        "evaluation resize of the short side before the centre crop (0: the val crop size / 0.875)",
+        minimum=0,
+        maximum=16384,
+        aliases=("val_resize",),
+    )
+    val_crop_size: int = setting(0, "evaluation centre crop size (0: the train crop size)", minimum=0, maximum=8192)
+    progressive_start_size: int = setting(
+        0,
+        "progressive resizing (FFCV): the train crop size up to --progressive-start-epoch, then a linear ramp "
+        "in multiples of 32 to --progressive-end-size (0: off, --train-crop-size throughout)",
+        minimum=0,
+        maximum=8192,
+    )
+    progressive_end_size: int = setting(
+        0, "progressive resizing: the train crop size from --progressive-end-epoch on", minimum=0, maximum=8192
+    )
+    progressive_start_epoch: int = setting(0, "progressive resizing: the epoch the ramp starts at", minimum=0)
+    progressive_end_epoch: int = setting(0, "progressive resizing: the epoch the ramp ends at", minimum=0)
+    auto_augment: str = setting(
+        AutoAugment.NONE.value,
+        "augmentation policy after the crop and flip (torchvision.transforms.v2; DALI's auto_aug with "
+        "--decoder dali): ta_wide (TrivialAugmentWide), ra (RandAugment), imagenet (AutoAugment's ImageNet "
+        "policy), none",
+        choices=AutoAugment,
+    )
+    random_erase: float = setting(
+        0.0,
+        "probability of RandomErasing each training image after the crop (erased to the mean pixel; "
+        "torchvision's new recipe: 0.25; not with --decoder dali)",
+        minimum=0,
+        maximum=1,
     )
     min_crop_scale: float = setting(
         MIN_CROP_SCALE, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1
@@ -126,6 +159,10 @@ class DataConfig:
         minimum=0,
         maximum=7 * 24 * 3600,
     )
+
+    def eval_crop_size(self) -> int:
+        """The evaluation centre crop: --val-crop-size, else the train crop size (as before they were separate)."""
+        return self.val_crop_size or self.train_crop_size
 
 
 @dataclass
@@ -222,6 +259,7 @@ class Config:
 
             if not dali_available():
                 raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")
+        _check_resolution(data)
         if self.run.total_samples and data.mode != Mode.RESAMPLED:
             raise ImagenetTrainError("--total-samples: needs --mode resampled (an endless stream of equal batches)")
         if data.loader_timeout and data.loader_timeout <= data.io_timeout:
@@ -230,6 +268,29 @@ class Config:
                 "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
             )
         return self
+
+
+def _check_resolution(data: DataConfig) -> None:
+    """The sizes and augmentations that cannot go together, each refused in one line."""
+    if bool(data.progressive_start_size) != bool(data.progressive_end_size):
+        raise ImagenetTrainError(
+            "--progressive-start-size/--progressive-end-size: give both (progressive resizing) or neither"
+        )
+    if data.progressive_end_epoch < data.progressive_start_epoch:
+        raise ImagenetTrainError(
+            f"--progressive-end-epoch: {data.progressive_end_epoch} is before --progressive-start-epoch "
+            f"{data.progressive_start_epoch}; expected a ramp that ends at or after it starts"
+        )
+    if data.val_resize_size and data.val_resize_size < data.eval_crop_size():
+        raise ImagenetTrainError(
+            f"--val-resize-size: {data.val_resize_size} is smaller than the val crop {data.eval_crop_size()}; "
+            "expected a resize at least as large as the crop"
+        )
+    if data.random_erase and data.decoder == Decoder.DALI:
+        raise ImagenetTrainError(
+            "--random-erase: not available with --decoder dali (DALI has no RandomErasing); "
+            "use another --decoder or --random-erase 0"
+        )
 
 
 SECTIONS = (DataConfig, OptimConfig, RunConfig)
@@ -245,8 +306,12 @@ def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     if set(values) <= {"data", "optim", "run", "derived"} and all(isinstance(v, dict) for v in values.values()):
         values = {k: v for name in ("data", "optim", "run") for k, v in values.get(name, {}).items()}
     kinds = {d.name: (type(d.default), rule) for section in SECTIONS for d, rule in declared(section)}
+    renamed = canonical_names(SECTIONS)
     checked = {}
-    for name, value in values.items():
+    for given, value in values.items():
+        name = renamed.get(given, given)
+        if name in checked or (name != given and name in values):
+            raise ImagenetTrainError(f"{source}: {clip(given)} and {name} name the same setting; expected only {name}")
         if name not in kinds:
             raise ImagenetTrainError(
                 f"{source}: unknown setting '{clip(name)}'; expected a `train` option name with underscores, "

@@ -101,8 +101,10 @@ class Trainer:
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
         self.preflight()
         self.dali: dict = {}  # loader -> its DaliDecoder, made on first use
-        self.train_augment = DaliAugment(data.image_size, True, data.min_crop_scale, data.hflip)
-        self.val_augment = DaliAugment(data.image_size, False, resize=data.val_resize or None)
+        self.train_augment = DaliAugment(
+            data.train_crop_size, True, data.min_crop_scale, data.hflip, auto_augment=data.auto_augment
+        )
+        self.val_augment = DaliAugment(data.eval_crop_size(), False, resize=data.val_resize_size or None)
         self.train_loader = train_loader(cfg, info, source, self.schedule, self._queue())
         self.val_loader = val_loader(cfg, info, source)
         self.start_epoch = 0

@@ -19,6 +19,7 @@ from imagenet_train.loading.stages import ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
+from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training.dist import DistInfo
 
@@ -90,7 +91,15 @@ def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Sche
     data = cfg.data
     exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
     dali = data.decoder == Decoder.DALI  # workers hand over the JPEG bytes; DALI decodes them in the rank
-    preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder, data.max_image_pixels)
+    preset = TrainPreset(
+        data.train_crop_size,
+        data.min_crop_scale,
+        data.hflip,
+        data.decoder,
+        data.max_image_pixels,
+        data.auto_augment,
+        data.random_erase,
+    )
     stream = ShardStream(
         urls=source.train_urls,
         transform=partial(jpeg_bytes, max_pixels=data.max_image_pixels) if dali else preset.build(),
@@ -111,6 +120,7 @@ def train_loader(cfg: Config, info: DistInfo, source: DataSource, schedule: Sche
         None if exact else schedule.epoch_batches(0),
         pin_memory=info.device.type == "cuda" and not dali,
         timeout=data.loader_timeout,
+        crop_sizes=CropSchedule.of(data),
     )
 
 
@@ -124,7 +134,7 @@ def val_loader(cfg: Config, info: DistInfo, source: DataSource) -> EpochLoader |
         urls=source.val_urls,
         transform=partial(jpeg_bytes, max_pixels=data.max_image_pixels)
         if dali
-        else ValPreset(data.image_size, data.val_resize or None, data.max_image_pixels).build(),
+        else ValPreset(data.eval_crop_size(), data.val_resize_size or None, data.max_image_pixels).build(),
         collate_fn=pack_jpegs if dali else None,
         batch_size=data.batch_size,
         rank=info.rank,
