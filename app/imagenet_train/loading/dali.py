@@ -117,7 +117,10 @@ class DaliDecoder:
         size = getattr(self.loader, "crop_size", 0) or self.augment.size
         if size != self.size:
             del self.pipe  # its threads and buffers go before the next one is made
-            self.pipe = self._build(dataclasses.replace(self.augment, size=size), *self.options)
+            batch_size, threads, seed, prefetch = self.options
+            # A seed of its own per size: a rebuilt pipeline must not replay the first one's draws.
+            augment = dataclasses.replace(self.augment, size=size)
+            self.pipe = self._build(augment, batch_size, threads, seed + size, prefetch)
             self.size = size
         return self.pipe
 
@@ -149,7 +152,8 @@ class DaliDecoder:
                 images = fn.resize(images, resize_x=augment.size, resize_y=augment.size, antialias=True)
                 mirror = fn.random.coin_flip(probability=0.5 if augment.hflip else 0.0)
                 if augment.auto_augment != AutoAugment.NONE:
-                    # On the crop before the flip (the flip commutes with these policies' operations).
+                    # On the crop, before the flip: the policies draw each operation's sign at random,
+                    # so the order does not change what they produce.
                     images = dali_policy(augment.auto_augment, images)
                 crop = None
             else:
