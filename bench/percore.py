@@ -161,9 +161,7 @@ def run(images: Path, shards: Path, work: Path, rounds: int = 3, seconds: float 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="bench/.work")
-    parser.add_argument(
-        "--images", type=int, default=2600, help="standard JPEGs (as make bench makes them)"
-    )
+    parser.add_argument("--images", type=int, default=2600, help="standard JPEGs (as make bench makes them)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=1.0, help="worker CPU-seconds per configuration and round")
     args = parser.parse_args()

@@ -96,7 +96,7 @@ def measure(args: argparse.Namespace) -> dict:
     """First-batch wait per epoch and the mean step split into forward, backward and the host-side rest."""
     torch.set_num_threads(1)
     cfg = Config()
-    cfg.data.shards, cfg.data.image_size, cfg.data.val_resize = args.shards, args.size, args.size
+    cfg.data.shards, cfg.data.train_crop_size, cfg.data.val_resize_size = args.shards, args.size, args.size
     cfg.data.batch_size, cfg.data.workers, cfg.data.epoch_batches = args.batch, args.workers, args.batches
     cfg.run.arch, cfg.run.epochs, cfg.run.run_dir = args.arch, args.epochs, tempfile.mkdtemp(prefix="bench-step-")
     trainer = Trainer(cfg.validate(), DistInfo(0, 1, 0, torch.device("cpu")), resolve_source(args.shards))

@@ -4,7 +4,6 @@ in every run. The `train` command's flags, their checks and their help all come 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,13 +11,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from imagenet_train.config_checks import check_combinations
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
-from imagenet_train.declarations import Setting, check, declared, flag, problem, setting
+from imagenet_train.declarations import Setting, canonical_names, check, declared, flag, problem, setting
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.resumable import IO_TIMEOUT
-from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, BrokenShardPolicy, Decoder
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, BrokenShardPolicy, Decoder
 from imagenet_train.planning import plan
-from imagenet_train.planning.optimization import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, LrSchedule, Opt
+from imagenet_train.planning.optimization import AUTO_WARMUP, LrSchedule, Opt
 from imagenet_train.planning.plan import Mode
 
 
@@ -63,9 +63,42 @@ class DataConfig:
         maximum=1 << 24,
     )
     workers: int = setting(plan.WORKERS, "DataLoader workers per rank", minimum=0, maximum=512)
-    image_size: int = setting(CROP_SIZE, "training and evaluation crop size", minimum=1, maximum=8192)
-    val_resize: int = setting(
-        0, "evaluation resize of the short side before the centre crop (0: size/0.875)", minimum=0, maximum=16384
+    train_crop_size: int = setting(
+        CROP_SIZE, "training crop size (RandomResizedCrop)", minimum=1, maximum=8192, aliases=("image_size",)
+    )
+    val_resize_size: int = setting(
+        0,
+        "evaluation resize of the short side before the centre crop (0: the val crop size / 0.875)",
+        minimum=0,
+        maximum=16384,
+        aliases=("val_resize",),
+    )
+    val_crop_size: int = setting(0, "evaluation centre crop size (0: the train crop size)", minimum=0, maximum=8192)
+    progressive_start_size: int = setting(
+        0,
+        "progressive resizing (FFCV): the train crop size up to --progressive-start-epoch, then a linear ramp "
+        "in multiples of 32 to --progressive-end-size (0: off, --train-crop-size throughout)",
+        minimum=0,
+        maximum=8192,
+    )
+    progressive_end_size: int = setting(
+        0, "progressive resizing: the train crop size from --progressive-end-epoch on", minimum=0, maximum=8192
+    )
+    progressive_start_epoch: int = setting(0, "progressive resizing: the epoch the ramp starts at", minimum=0)
+    progressive_end_epoch: int = setting(0, "progressive resizing: the epoch the ramp ends at", minimum=0)
+    auto_augment: str = setting(
+        AutoAugment.NONE.value,
+        "augmentation policy after the crop and flip (torchvision.transforms.v2; DALI's auto_aug with "
+        "--decoder dali): ta_wide (TrivialAugmentWide), ra (RandAugment), imagenet (AutoAugment's ImageNet "
+        "policy), none",
+        choices=AutoAugment,
+    )
+    random_erase: float = setting(
+        0.0,
+        "probability of RandomErasing each training image after the crop (erased to the mean pixel; "
+        "torchvision's new recipe: 0.25; not with --decoder dali)",
+        minimum=0,
+        maximum=1,
     )
     min_crop_scale: float = setting(
         MIN_CROP_SCALE, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1
@@ -127,6 +160,10 @@ class DataConfig:
         minimum=0,
         maximum=7 * 24 * 3600,
     )
+
+    def eval_crop_size(self) -> int:
+        """The evaluation centre crop: --val-crop-size, else the train crop size (as before they were separate)."""
+        return self.val_crop_size or self.train_crop_size
 
 
 @dataclass
@@ -250,52 +287,8 @@ class Config:
         for section in self.sections():
             for declaration, rule in declared(section):
                 check(declaration.name, type(declaration.default), rule, getattr(section, declaration.name))
-        data = self.data
-        if not data.shards and not data.train_urls:
-            raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
-        if data.decoder == Decoder.FUSED:
-            from imagenet_train.loading.fused_decoder import available
-
-            if not available():
-                raise ImagenetTrainError(
-                    "--decoder fused: needs PyTurboJPEG 1.8 and libturbojpeg (apt-get install libturbojpeg0)"
-                )
-        if data.decoder == Decoder.DALI:
-            from imagenet_train.loading.dali import available as dali_available
-
-            if not dali_available():
-                raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")
-        self._validate_optim()
-        if self.run.total_samples and data.mode != Mode.RESAMPLED:
-            raise ImagenetTrainError("--total-samples: needs --mode resampled (an endless stream of equal batches)")
-        if data.loader_timeout and data.loader_timeout <= data.io_timeout:
-            raise ImagenetTrainError(
-                f"--loader-timeout: {data.loader_timeout:g} s would give up before --io-timeout {data.io_timeout:g} s "
-                "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
-            )
+        check_combinations(self)
         return self
-
-    def _validate_optim(self) -> None:
-        """The optimizer's cross-field checks, and the [timm] extra for the optimizers that need it."""
-        optim, opt = self.optim, Opt(self.optim.opt)
-        if optim.warmup_epochs < 0 and optim.warmup_epochs != AUTO_WARMUP:
-            raise ImagenetTrainError(
-                f"--warmup-epochs: expected -1 (auto) or a number >= 0, got '{clip(optim.warmup_epochs)}'"
-            )
-        if optim.nesterov and opt not in MOMENTUM_OPTS:
-            raise ImagenetTrainError(f"--nesterov: applies to --opt sgd and lars, not --opt {opt}; drop it")
-        if optim.nesterov and not optim.momentum:
-            raise ImagenetTrainError("--nesterov: needs a momentum; expected --momentum above 0")
-        if opt not in MOMENTUM_OPTS and self.data.mode != Mode.RESAMPLED:
-            # After Join only the momentum buffers are copied from a rank that ran every step (replicas.py).
-            raise ImagenetTrainError(
-                f"--opt {opt}: --mode {self.data.mode} keeps replicas in step for SGD and LARS momentum only; "
-                "expected --mode resampled (or --opt sgd or lars)"
-            )
-        if opt in TIMM_OPTS:
-            from imagenet_train.compat import require_timm
-
-            require_timm(f"--opt {opt}")
 
 
 SECTIONS = (DataConfig, OptimConfig, RunConfig)
@@ -311,8 +304,12 @@ def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     if set(values) <= {"data", "optim", "run", "derived"} and all(isinstance(v, dict) for v in values.values()):
         values = {k: v for name in ("data", "optim", "run") for k, v in values.get(name, {}).items()}
     kinds = {d.name: (type(d.default), rule) for section in SECTIONS for d, rule in declared(section)}
+    renamed = canonical_names(SECTIONS)
     checked = {}
-    for name, value in values.items():
+    for given, value in values.items():
+        name = renamed.get(given, given)
+        if name in checked or (name != given and name in values):
+            raise ImagenetTrainError(f"{source}: {clip(given)} and {name} name the same setting; expected only {name}")
         if name not in kinds:
             raise ImagenetTrainError(
                 f"{source}: unknown setting '{clip(name)}'; expected a `train` option name with underscores, "
@@ -336,61 +333,8 @@ def setting_help(name: str) -> str:
     return declaration(name)[1].help
 
 
-MAX_SETTINGS_BYTES = 1 << 20  # config, values and deployment files are a few KB
-
-
-def read_mapping(path: str | Path, label: str) -> dict[str, Any]:
-    """A YAML (or JSON) file holding a mapping; an empty file is {}. Errors name `label` (the flag) and the file.
-
-    YAML aliases are refused: a few hundred bytes of nested aliases expand to gigabytes ("billion laughs").
-    """
-    import yaml
-
-    loader, alias_error = _no_alias_loader()
-    try:
-        with open(path, "rb") as stream:
-            raw = stream.read(MAX_SETTINGS_BYTES + 1)
-    except OSError as error:
-        raise ImagenetTrainError(f"{label} {path}: cannot read ({error.strerror})") from None
-    if len(raw) > MAX_SETTINGS_BYTES:
-        raise ImagenetTrainError(f"{label} {path}: more than {MAX_SETTINGS_BYTES} bytes; expected a settings file")
-    try:
-        values = yaml.load(raw.decode("utf-8"), Loader=loader)  # a SafeLoader that also refuses aliases
-    except (yaml.YAMLError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8, a 5000-digit int
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        if isinstance(error, alias_error):
-            raise ImagenetTrainError(
-                f"{label} {path}: a YAML alias (*name){where}; expected the values written out"
-            ) from None
-        raise ImagenetTrainError(f"{label} {path}: not valid YAML or JSON{where}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise ImagenetTrainError(f"{label} {path}: expected a mapping, got {type(values).__name__}")
-    return values
-
-
-@functools.cache
-def _no_alias_loader() -> tuple[type, type]:
-    import yaml
-
-    class AliasError(yaml.YAMLError):
-        """A YAML alias, refused."""
-
-    class NoAliasLoader(yaml.SafeLoader):
-        """yaml.SafeLoader that stops at the first alias instead of sharing (and later expanding) a node."""
-
-        def compose_node(self, parent, index):
-            if self.check_event(yaml.AliasEvent):
-                error = AliasError("alias")
-                error.problem_mark = self.peek_event().start_mark
-                raise error
-            return super().compose_node(parent, index)
-
-    return NoAliasLoader, AliasError
-
-
 def load_settings(path: str | Path) -> dict[str, Any]:
     """The settings in a YAML or JSON config file (`train --config FILE`), checked."""
+    from imagenet_train.yaml_input import read_mapping
+
     return settings_from(read_mapping(path, "--config"), f"--config {path}")

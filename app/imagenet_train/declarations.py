@@ -27,10 +27,12 @@ class Setting:
     above: float | None = None  # exclusive lower bound
     maximum: float | None = None  # inclusive
     choices: tuple[str, ...] | None = None
+    aliases: tuple[str, ...] = ()  # older names still taken, as flags and config keys
 
 
 def setting(default: Any, help: str, **rules: Any) -> Any:
-    """A dataclass field carrying its Setting (help, minimum/above/maximum, choices: words or a str Enum)."""
+    """A dataclass field carrying its Setting (help, minimum/above/maximum, choices: words or a str Enum,
+    aliases: older names that flags and config files still take)."""
     choices = rules.get("choices")
     if isinstance(choices, type) and issubclass(choices, Enum):
         rules["choices"] = tuple(member.value for member in choices)
@@ -44,6 +46,11 @@ def declared(instance_or_class: Any) -> list[tuple[dataclasses.Field, Setting]]:
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def canonical_names(sections: tuple[Any, ...]) -> dict[str, str]:
+    """Every alias of a declared setting, mapped to the setting's own name."""
+    return {alias: d.name for section in sections for d, rule in declared(section) for alias in rule.aliases}
 
 
 def expectation(kind: type, rule: Setting) -> str:
@@ -150,12 +157,13 @@ def add_flag(
         "default": argparse.SUPPRESS if given_only else default,
         "help": help_text,
     }
+    names = [flag(name) for name in (declaration.name, *rule.aliases)]
     if isinstance(default, bool):
-        parser.add_argument(flag(declaration.name), action=argparse.BooleanOptionalAction, **options)
+        parser.add_argument(*names, action=argparse.BooleanOptionalAction, **options)
     else:
         kind = type(default)
         parser.add_argument(
-            flag(declaration.name),
+            *names,
             type=converter(declaration.name, kind, rule),
             metavar=declaration.name.upper(),
             **options,
@@ -169,6 +177,10 @@ def json_schema(sections: tuple[Any, ...], exclude: frozenset[str] = frozenset()
         for declaration, rule in declared(section):
             if declaration.name not in exclude:
                 properties[declaration.name] = _property(type(declaration.default), rule, declaration.default)
+                for alias in rule.aliases:  # older names, so existing values files keep working
+                    old = _property(type(declaration.default), rule, declaration.default)
+                    old["description"] = f"older name of {declaration.name}: {rule.help}"
+                    properties[alias] = old
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 

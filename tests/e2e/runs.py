@@ -18,8 +18,8 @@ RUNS = f"gs://{BUCKET}/runs"
 # SMALL_TRAIN (tests/conftest.py) as the chart's `train:` values, one loader worker per rank on 2 cores.
 SMALL = {
     "arch": "resnet18",
-    "image_size": 32,
-    "val_resize": 32,
+    "train_crop_size": 32,
+    "val_resize_size": 32,
     "batch_size": 32,
     "workers": 1,
     "hflip": False,

@@ -56,7 +56,10 @@ def flag_reference() -> str:
             takes = takes or expectation(kind, rule)
             default = json.dumps(declaration.default)
             help_text = rule.help.replace("|", "\\|")
-            rows.append(f"| `{flag(declaration.name)}` / `{declaration.name}` | `{default}` | {takes} | {help_text} |")
+            old = "".join(f" (older: `{flag(alias)}` / `{alias}`)" for alias in rule.aliases)
+            rows.append(
+                f"| `{flag(declaration.name)}` / `{declaration.name}`{old} | `{default}` | {takes} | {help_text} |"
+            )
     return "\n".join(rows)
 
 

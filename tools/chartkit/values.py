@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from imagenet_train.config import read_mapping
 from imagenet_train.deployment import problems as deployment_problems
 from imagenet_train.errors import CLIP, ImagenetTrainError, clip
+from imagenet_train.yaml_input import read_mapping
 
 from . import CHART_DIR
 

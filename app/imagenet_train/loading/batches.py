@@ -23,6 +23,7 @@ from imagenet_train.loading.stages import Batch, ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.loading.workers import worker_context
 from imagenet_train.planning.plan import Mode
+from imagenet_train.planning.resolution import CropSchedule
 
 
 def augmentation_seed(seed: int, rank: int) -> int:
@@ -58,7 +59,15 @@ def train_loader(
     """This rank's training batches: `batches` per rank in resampled mode, every sample once otherwise."""
     data = cfg.data
     exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
-    preset = TrainPreset(data.image_size, data.min_crop_scale, data.hflip, data.decoder, data.max_image_pixels)
+    preset = TrainPreset(
+        data.train_crop_size,
+        data.min_crop_scale,
+        data.hflip,
+        data.decoder,
+        data.max_image_pixels,
+        data.auto_augment,
+        data.random_erase,
+    )
     transform, collate = _per_sample(data, preset)
     stream = ShardStream(
         urls=source.train_urls,
@@ -75,7 +84,14 @@ def train_loader(
         reading=shard_reading(data, source),
     )
     pin = device.type == "cuda" and data.decoder != Decoder.DALI
-    return EpochLoader(stream, data.workers, None if exact else batches, pin_memory=pin, timeout=data.loader_timeout)
+    return EpochLoader(
+        stream,
+        data.workers,
+        None if exact else batches,
+        pin_memory=pin,
+        timeout=data.loader_timeout,
+        crop_sizes=CropSchedule.of(data),
+    )
 
 
 def val_loader(cfg: Any, rank: int, world: int, device: torch.device, source: DataSource) -> EpochLoader | None:
@@ -83,7 +99,9 @@ def val_loader(cfg: Any, rank: int, world: int, device: torch.device, source: Da
     if not source.val_urls:
         return None
     data = cfg.data
-    transform, collate = _per_sample(data, ValPreset(data.image_size, data.val_resize or None, data.max_image_pixels))
+    transform, collate = _per_sample(
+        data, ValPreset(data.eval_crop_size(), data.val_resize_size or None, data.max_image_pixels)
+    )
     stream = ShardStream(
         urls=source.val_urls,
         transform=transform,
@@ -121,8 +139,10 @@ class RunBatches:
         self.val = val_loader(cfg, rank, world, device, source)
         data = cfg.data
         self.augment = {
-            self.train: DaliAugment(data.image_size, True, data.min_crop_scale, data.hflip),
-            self.val: DaliAugment(data.image_size, False, resize=data.val_resize or None),
+            self.train: DaliAugment(
+                data.train_crop_size, True, data.min_crop_scale, data.hflip, auto_augment=data.auto_augment
+            ),
+            self.val: DaliAugment(data.eval_crop_size(), False, resize=data.val_resize_size or None),
         }
         self.dali: dict[EpochLoader, DaliDecoder] = {}  # made on first use
 

@@ -8,6 +8,7 @@ queue, resume and retries all stay in our loader; only the decode moves.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,7 +21,7 @@ from torch.utils.data import get_worker_info
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_image
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.normalize import IMAGENET_MEAN, IMAGENET_STD
-from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment
 
 Batch = tuple[torch.Tensor, torch.Tensor, list]
 
@@ -78,13 +79,15 @@ class DaliAugment:
     hflip: bool = True
     resize: int | None = None  # evaluation: short side before the centre crop (default size / 0.875)
     normalized: bool = True  # float32 ImageNet-normalised output; False: uint8 (normalised later)
+    auto_augment: AutoAugment | str = AutoAugment.NONE  # training: DALI's own (nvidia.dali.auto_aug) policy
 
 
 class DaliDecoder:
     """Iterate (images, labels, keys) batches decoded by DALI from a loader of packed JPEG batches.
 
     `device` cuda: images come out on that GPU (float32 normalised, or uint8); cpu: on DALI's CPU backend.
-    Each iteration is one pass over `loader` (one epoch of it).
+    Each iteration is one pass over `loader` (one epoch of it), at the loader's crop size for that epoch
+    (`loader.crop_size`, progressive resizing): the pipeline is rebuilt when that size changes.
     """
 
     def __init__(
@@ -105,12 +108,26 @@ class DaliDecoder:
         self.loader, self.augment, self.device = loader, augment, device
         self.pending: deque = deque()  # (labels, keys) of batches handed to DALI, in order
         self.batches: Iterator[Batch] | None = None
-        self.pipe = self._build(batch_size, threads, seed, prefetch)
+        self.options = (batch_size, threads, seed, prefetch)
+        self.size = augment.size
+        self.pipe = self._build(augment, *self.options)
 
-    def _build(self, batch_size: int, threads: int, seed: int, prefetch: int):
+    def _pipe_for_epoch(self):
+        """The pipeline at the coming epoch's crop size (the loader's; else the augment's own)."""
+        size = getattr(self.loader, "crop_size", 0) or self.augment.size
+        if size != self.size:
+            del self.pipe  # its threads and buffers go before the next one is made
+            batch_size, threads, seed, prefetch = self.options
+            # A seed of its own per size: a rebuilt pipeline must not replay the first one's draws.
+            augment = dataclasses.replace(self.augment, size=size)
+            self.pipe = self._build(augment, batch_size, threads, seed + size, prefetch)
+            self.size = size
+        return self.pipe
+
+    def _build(self, augment: DaliAugment, batch_size: int, threads: int, seed: int, prefetch: int):
         from nvidia.dali import fn, pipeline_def, types
 
-        augment, gpu = self.augment, self.device.type == "cuda"
+        gpu = self.device.type == "cuda"
         decode_on = "mixed" if gpu else "cpu"
 
         @pipeline_def(
@@ -119,6 +136,7 @@ class DaliDecoder:
             device_id=(self.device.index or 0) if gpu else None,
             seed=seed,
             prefetch_queue_depth=prefetch,
+            enable_conditionals=augment.train and augment.auto_augment != AutoAugment.NONE,  # auto_aug needs them
         )
         def pipeline():
             jpegs = fn.external_source(source=self._next_jpegs, batch=True, dtype=types.UINT8, cycle=None)
@@ -133,6 +151,10 @@ class DaliDecoder:
                 )
                 images = fn.resize(images, resize_x=augment.size, resize_y=augment.size, antialias=True)
                 mirror = fn.random.coin_flip(probability=0.5 if augment.hflip else 0.0)
+                if augment.auto_augment != AutoAugment.NONE:
+                    # On the crop, before the flip: the policies draw each operation's sign at random,
+                    # so the order does not change what they produce.
+                    images = dali_policy(augment.auto_augment, images)
                 crop = None
             else:
                 images = fn.decoders.image(jpegs, device=decode_on, output_type=types.RGB)
@@ -165,11 +187,12 @@ class DaliDecoder:
         from nvidia.dali.plugin.pytorch.torch_utils import to_torch_tensor
 
         self.pending.clear()
+        pipe = self._pipe_for_epoch()
         self.batches = iter(self.loader)
         try:
             while True:
                 try:
-                    (output,) = self.pipe.run()
+                    (output,) = pipe.run()
                 except StopIteration:
                     return
                 images = to_torch_tensor(output.as_tensor(), copy=True)
@@ -177,4 +200,15 @@ class DaliDecoder:
                 yield images, labels, keys
         finally:
             self.batches = None
-            self.pipe.reset()
+            pipe.reset()
+
+
+def dali_policy(name: AutoAugment | str, images):
+    """DALI's own --auto-augment policy (nvidia.dali.auto_aug) on a batch of uint8 HWC crops."""
+    from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
+
+    if name == AutoAugment.TA_WIDE:
+        return trivial_augment.trivial_augment_wide(images)
+    if name == AutoAugment.RA:
+        return rand_augment.rand_augment(images, n=2, m=9)  # torchvision's RandAugment defaults
+    return auto_augment.auto_augment_image_net(images)

@@ -1,7 +1,8 @@
 """Per-epoch loader settings handed to persistent DataLoader workers through a small JSON file.
 
 Persistent workers keep the copy of the dataset they were started with; what the training process changes
-between epochs (the epoch, a resumed epoch's consumed keys and tag, the epoch length) reaches them here.
+between epochs (the epoch, a resumed epoch's consumed keys and tag, the epoch length, the epoch's crop size)
+reaches them here.
 The file lives in a folder this process made for itself (mode 0700, under $TMPDIR), is replaced atomically
 under a fresh random name, is plain JSON (never a pickle), and goes when the loader closes or the process ends.
 """
@@ -30,6 +31,7 @@ class EpochState:
     skip_keys: frozenset
     resume_tag: str
     batches: int | None
+    crop_size: int = 0  # the epoch's train crop size (progressive resizing); 0: the transform's own
 
     def to_json(self) -> str:
         """The state as JSON (keys as a sorted list)."""
@@ -39,6 +41,7 @@ class EpochState:
                 "skip_keys": sorted(self.skip_keys),
                 "resume_tag": self.resume_tag,
                 "batches": self.batches,
+                "crop_size": self.crop_size,
             }
         )
 
@@ -53,9 +56,10 @@ class EpochState:
             and isinstance(keys, list)
             and all(isinstance(key, str) for key in keys)
             and (batches is None or isinstance(batches, int))
+            and isinstance(data["crop_size"], int)
         ):
             raise ValueError("unexpected field types")
-        return cls(data["epoch"], frozenset(keys), data["resume_tag"], batches)
+        return cls(data["epoch"], frozenset(keys), data["resume_tag"], batches, data["crop_size"])
 
 
 class EpochStateFile:

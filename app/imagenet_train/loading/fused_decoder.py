@@ -72,6 +72,10 @@ class FusedCropDecoder:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_jpeg": None}
 
+    def at_size(self, size: int) -> FusedCropDecoder:
+        """The same decoder cropping to `size`."""
+        return FusedCropDecoder(size, self.scale, self.hflip, self.max_pixels)
+
     def __call__(self, data: bytes) -> torch.Tensor:
         try:
             width, height, subsample, colorspace = self.jpeg.decode_header(data)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-CROP_SIZE = 224  # training and evaluation crop, in pixels (ResNet-50's ImageNet recipe)
+CROP_SIZE = 224  # training crop (and evaluation crop unless set apart), in pixels (ResNet-50's ImageNet recipe)
 MIN_CROP_SCALE = 0.08  # the smallest area fraction RandomResizedCrop keeps (torchvision's default)
 
 
@@ -28,6 +28,18 @@ class BrokenShardPolicy(str, Enum):
 
     SKIP = "skip"  # keep the samples before the damage, count the rest as lost, go on
     FAIL = "fail"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AutoAugment(str, Enum):
+    """The augmentation policy after the crop and flip (the value is the --auto-augment word)."""
+
+    NONE = "none"
+    TA_WIDE = "ta_wide"  # TrivialAugmentWide
+    RA = "ra"  # RandAugment
+    IMAGENET = "imagenet"  # AutoAugment, ImageNet policy
 
     def __str__(self) -> str:
         return self.value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -12,8 +13,10 @@ import torch
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
+from imagenet_train.loading.augment import after_crop
 from imagenet_train.loading.crop_boxes import random_resized_crop_box
-from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, Decoder
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, Decoder
+from imagenet_train.loading.sized import Then, at_size
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402
@@ -52,6 +55,10 @@ class DecodeThen:
     def __call__(self, data: bytes) -> torch.Tensor:
         return self.transform(self.decode(data))
 
+    def at_size(self, size: int) -> DecodeThen:
+        """The same decode, its transform cropping to `size` (the epoch's, under progressive resizing)."""
+        return dataclasses.replace(self, transform=at_size(self.transform, size))
+
 
 @dataclass(frozen=True)
 class RandomResizedCropFlip:
@@ -69,6 +76,10 @@ class RandomResizedCropFlip:
             out = out.flip(-1)
         return out
 
+    def at_size(self, size: int) -> RandomResizedCropFlip:
+        """The same crop to `size`."""
+        return dataclasses.replace(self, size=size)
+
 
 @dataclass(frozen=True)
 class TrainPreset:
@@ -83,15 +94,23 @@ class TrainPreset:
     hflip: bool = True
     decoder: Decoder | str = Decoder.SIMPLEJPEG
     max_pixels: int = MAX_IMAGE_PIXELS  # images above it are refused from their header (a corrupt sample)
+    auto_augment: AutoAugment | str = AutoAugment.NONE  # a policy on the uint8 crop (loading.augment)
+    random_erase: float = 0.0  # RandomErasing's probability, after the policy
 
     def build(self) -> Callable[[bytes], torch.Tensor]:
+        """The per-sample transform; it takes another crop size through `at_size` (loading.augment)."""
         if self.decoder == Decoder.FUSED:
             from imagenet_train.loading.fused_decoder import FusedCropDecoder
 
-            return FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip, self.max_pixels)
-        crop = RandomResizedCropFlip(self.size, (self.min_scale, 1.0), self.hflip)
-        decode = decode_pil if self.decoder == Decoder.PIL else decode_rgb
-        return DecodeThen(partial(decode, max_pixels=self.max_pixels), crop)
+            crop = FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip, self.max_pixels)
+        else:
+            decode = decode_pil if self.decoder == Decoder.PIL else decode_rgb
+            crop = DecodeThen(
+                partial(decode, max_pixels=self.max_pixels),
+                RandomResizedCropFlip(self.size, (self.min_scale, 1.0), self.hflip),
+            )
+        after = after_crop(self.auto_augment, self.random_erase)
+        return Then(crop, after) if after else crop
 
 
 @dataclass(frozen=True)

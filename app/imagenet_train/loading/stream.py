@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import storage
 from imagenet_train.loading.epochstate import EpochState, EpochStateFile, read_epoch_state
+from imagenet_train.loading.sized import at_size
 from imagenet_train.loading.stages import (
     Batch,
     DamageCounters,
@@ -62,6 +63,7 @@ class ShardStream(IterableDataset):
     resume_tag: str = ""  # a resumed resampled epoch draws fresh shards, deterministically
     queue: object = None  # a shard queue (queue.StoreQueue / LocalQueue) for --mode queue
     repeat: int = 1  # split mode: read this worker's shard list this many times per epoch
+    crop_size: int = 0  # this epoch's train crop size, set on `transform` (0: the transform's own)
 
     def __post_init__(self):
         self.damage = DamageCounters(worker_context())
@@ -69,15 +71,16 @@ class ShardStream(IterableDataset):
 
     def epoch_state(self) -> EpochState:
         """This epoch's settings, for workers started in an earlier epoch."""
-        return EpochState(self.epoch, self.skip_keys, self.resume_tag, self.batches)
+        return EpochState(self.epoch, self.skip_keys, self.resume_tag, self.batches, self.crop_size)
 
     def adopt(self, state: EpochState) -> None:
         """Take over the epoch's settings written by the training process."""
-        self.epoch, self.skip_keys, self.resume_tag, self.batches = (
+        self.epoch, self.skip_keys, self.resume_tag, self.batches, self.crop_size = (
             state.epoch,
             state.skip_keys,
             state.resume_tag,
             state.batches,
+            state.crop_size,
         )
 
     def shard_urls(self, worker: int, workers: int, reader: int = 0) -> Iterator[str]:
@@ -120,7 +123,7 @@ class ShardStream(IterableDataset):
         if self.shuffle_buffer > 1:
             samples = shuffled(samples, self.shuffle_buffer, rng)
         batches = batched(
-            decoded(samples, self.transform, self.damage),
+            decoded(samples, at_size(self.transform, self.crop_size), self.damage),
             self.batch_size,
             partial=not self.resampled,
             collate_fn=self.collate_fn or collate,
@@ -151,10 +154,14 @@ class EpochLoader:
         pin_memory: bool = False,
         timeout: float = 0,
         persistent: bool = True,
+        crop_sizes: Callable[[int], int] | None = None,
     ):
         if stream.resampled and not batches:
             raise ImagenetTrainError("resampled loading needs an epoch length in batches")
         self.stream, self.batches = stream, batches
+        # The train crop size of each epoch (planning.resolution.CropSchedule); None: the transform's own.
+        self.crop_sizes = crop_sizes
+        self._set_epoch(stream.epoch)
         dynamic = stream.resampled or stream.queue is not None
         self.workers = workers if dynamic else plan.loader_workers(stream.rank_shards(), workers)
         self.pin_memory, self.timeout, self.persistent = pin_memory, timeout, persistent and self.workers > 0
@@ -162,8 +169,21 @@ class EpochLoader:
         self.loader: DataLoader | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        """Read `epoch` next (its order and draws), with this loader's other epoch settings unchanged."""
+        """Read `epoch` next (its order, draws and crop size), with this loader's other epoch settings unchanged."""
+        self._set_epoch(epoch)
+
+    def _set_epoch(self, epoch: int) -> None:
         self.stream.epoch = epoch
+        self.stream.crop_size = self.crop_sizes(epoch) if self.crop_sizes else 0
+
+    @property
+    def crop_size(self) -> int:
+        """The coming epoch's train crop size (0: the transform's own, not scheduled)."""
+        return self.stream.crop_size
+
+    def epoch_report(self) -> dict[str, int]:
+        """What the coming epoch's metrics record about its loading: `train_crop_size` when it is scheduled."""
+        return {"train_crop_size": self.crop_size} if self.crop_size else {}
 
     def start_epoch(
         self, epoch: int, skip_keys: Iterable[str] = (), resume_tag: str = "", batches: int | None = None
@@ -174,7 +194,8 @@ class EpochLoader:
         resumed resampled epoch draw fresh shards; `batches` caps the epoch (None: until the data runs out).
         The settings reach persistent workers when the epoch is iterated.
         """
-        self.stream.epoch, self.stream.skip_keys, self.stream.resume_tag = epoch, frozenset(skip_keys), resume_tag
+        self._set_epoch(epoch)
+        self.stream.skip_keys, self.stream.resume_tag = frozenset(skip_keys), resume_tag
         self.batches = batches
 
     @property

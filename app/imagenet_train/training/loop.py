@@ -210,7 +210,7 @@ class Trainer:
             owed = self._owed(position, steps_taken)
             self.stop_position = Position(epoch, steps_taken, position.segments, info.world, owed)
         self.stop_signal = verdict.signum
-        return tally.record(loader.damage(), info)
+        return {**tally.record(loader.damage(), info), **loader.epoch_report()}
 
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:

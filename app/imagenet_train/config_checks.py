@@ -1,0 +1,85 @@
+"""The checks across settings that each setting's own declaration cannot make (a decoder's library, an optimizer
+that needs timm, sizes that contradict each other), each refused in one line naming the flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.loading.options import Decoder
+from imagenet_train.planning.optimization import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, Opt
+from imagenet_train.planning.plan import Mode
+
+
+def check_combinations(cfg: Any) -> None:
+    """Refuse a run's Config (read by name) whose settings cannot work together."""
+    data = cfg.data
+    if not data.shards and not data.train_urls:
+        raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
+    if data.decoder == Decoder.FUSED:
+        from imagenet_train.loading.fused_decoder import available
+
+        if not available():
+            raise ImagenetTrainError(
+                "--decoder fused: needs PyTurboJPEG 1.8 and libturbojpeg (apt-get install libturbojpeg0)"
+            )
+    if data.decoder == Decoder.DALI:
+        from imagenet_train.loading.dali import available as dali_available
+
+        if not dali_available():
+            raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")
+    _check_optimizer(cfg)
+    _check_resolution(data)
+    if cfg.run.total_samples and data.mode != Mode.RESAMPLED:
+        raise ImagenetTrainError("--total-samples: needs --mode resampled (an endless stream of equal batches)")
+    if data.loader_timeout and data.loader_timeout <= data.io_timeout:
+        raise ImagenetTrainError(
+            f"--loader-timeout: {data.loader_timeout:g} s would give up before --io-timeout {data.io_timeout:g} s "
+            "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
+        )
+
+
+def _check_optimizer(cfg: Any) -> None:
+    """The optimizer's cross-field checks, and the [timm] extra for the optimizers that need it."""
+    optim, opt = cfg.optim, Opt(cfg.optim.opt)
+    if optim.warmup_epochs < 0 and optim.warmup_epochs != AUTO_WARMUP:
+        raise ImagenetTrainError(
+            f"--warmup-epochs: expected -1 (auto) or a number >= 0, got '{clip(optim.warmup_epochs)}'"
+        )
+    if optim.nesterov and opt not in MOMENTUM_OPTS:
+        raise ImagenetTrainError(f"--nesterov: applies to --opt sgd and lars, not --opt {opt}; drop it")
+    if optim.nesterov and not optim.momentum:
+        raise ImagenetTrainError("--nesterov: needs a momentum; expected --momentum above 0")
+    if opt not in MOMENTUM_OPTS and cfg.data.mode != Mode.RESAMPLED:
+        # After Join only the momentum buffers are copied from a rank that ran every step (replicas.py).
+        raise ImagenetTrainError(
+            f"--opt {opt}: --mode {cfg.data.mode} keeps replicas in step for SGD and LARS momentum only; "
+            "expected --mode resampled (or --opt sgd or lars)"
+        )
+    if opt in TIMM_OPTS:
+        from imagenet_train.compat import require_timm
+
+        require_timm(f"--opt {opt}")
+
+
+def _check_resolution(data: Any) -> None:
+    """The sizes and augmentations that cannot go together, each refused in one line."""
+    if bool(data.progressive_start_size) != bool(data.progressive_end_size):
+        raise ImagenetTrainError(
+            "--progressive-start-size/--progressive-end-size: give both (progressive resizing) or neither"
+        )
+    if data.progressive_end_epoch < data.progressive_start_epoch:
+        raise ImagenetTrainError(
+            f"--progressive-end-epoch: {data.progressive_end_epoch} is before --progressive-start-epoch "
+            f"{data.progressive_start_epoch}; expected a ramp that ends at or after it starts"
+        )
+    if data.val_resize_size and data.val_resize_size < data.eval_crop_size():
+        raise ImagenetTrainError(
+            f"--val-resize-size: {data.val_resize_size} is smaller than the val crop {data.eval_crop_size()}; "
+            "expected a resize at least as large as the crop"
+        )
+    if data.random_erase and data.decoder == Decoder.DALI:
+        raise ImagenetTrainError(
+            "--random-erase: not available with --decoder dali (DALI has no RandomErasing); "
+            "use another --decoder or --random-erase 0"
+        )

@@ -1,0 +1,40 @@
+"""Training augmentation after the crop and flip, from torchvision.transforms.v2 on the uint8 CHW tensor
+(TrivialAugmentWide, RandAugment, AutoAugment, RandomErasing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from imagenet_train.compat import ensure_torchvision
+from imagenet_train.loading.options import AutoAugment
+
+ensure_torchvision()
+from torchvision.transforms import v2  # noqa: E402
+
+# RandomErasing runs here before normalisation; erasing to the mean pixel is what torchvision's reference
+# (erasing the normalised tensor to 0) puts there.
+MEAN_PIXEL = (124, 116, 104)  # round(IMAGENET_MEAN x 255)
+
+
+def policy(name: AutoAugment | str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The --auto-augment policy as torchvision's reference builds it (bilinear), or None for none."""
+    bilinear = v2.InterpolationMode.BILINEAR
+    if name == AutoAugment.TA_WIDE:
+        return v2.TrivialAugmentWide(interpolation=bilinear)
+    if name == AutoAugment.RA:
+        return v2.RandAugment(interpolation=bilinear)
+    if name == AutoAugment.IMAGENET:
+        return v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=bilinear)
+    return None
+
+
+def after_crop(name: AutoAugment | str, erase: float) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What runs on the uint8 crop: the policy, then RandomErasing with probability `erase` (None: nothing)."""
+    steps = [step for step in (policy(name),) if step is not None]
+    if erase:
+        steps.append(v2.RandomErasing(p=erase, value=list(MEAN_PIXEL)))
+    if not steps:
+        return None
+    return steps[0] if len(steps) == 1 else v2.Compose(steps)

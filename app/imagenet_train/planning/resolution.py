@@ -1,0 +1,54 @@
+"""The train crop size of each epoch: fixed, or progressive resizing as FFCV does it (a linear ramp from a
+start to an end size between two epochs, in multiples of 32). Pure arithmetic, shared by the loader and docs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+STEP = 32  # FFCV rounds the ramp's sizes to multiples of 32
+
+
+@dataclass(frozen=True)
+class CropSchedule:
+    """Which train crop size each epoch uses: `size` throughout, unless a progressive ramp is set (sizes > 0)."""
+
+    size: int
+    start_size: int = 0
+    end_size: int = 0
+    start_epoch: int = 0
+    end_epoch: int = 0
+
+    @classmethod
+    def of(cls, data: Any) -> CropSchedule:
+        """The schedule a run's data settings (config.DataConfig) describe."""
+        return cls(
+            data.train_crop_size,
+            data.progressive_start_size,
+            data.progressive_end_size,
+            data.progressive_start_epoch,
+            data.progressive_end_epoch,
+        )
+
+    @property
+    def progressive(self) -> bool:
+        """Whether the size changes over the epochs."""
+        return bool(self.start_size and self.end_size)
+
+    def __call__(self, epoch: int) -> int:
+        """The train crop size of `epoch` (counted from 0)."""
+        if not self.progressive:
+            return self.size
+        if epoch <= self.start_epoch:
+            return self.start_size
+        if epoch >= self.end_epoch:
+            return self.end_size
+        fraction = (epoch - self.start_epoch) / (self.end_epoch - self.start_epoch)
+        size = round((self.start_size + fraction * (self.end_size - self.start_size)) / STEP) * STEP
+        # Rounding may step outside the ramp's ends (e.g. to 0 for a ramp from 40 px): stay within them.
+        low, high = sorted((self.start_size, self.end_size))
+        return min(max(size, low), high)
+
+    def sizes(self, epochs: int) -> list[int]:
+        """The crop size of every epoch of a run of `epochs` epochs."""
+        return [self(epoch) for epoch in range(epochs)]

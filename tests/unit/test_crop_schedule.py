@@ -1,0 +1,44 @@
+"""The train crop size of each epoch: fixed, or FFCV's progressive ramp in multiples of 32."""
+
+import pytest
+
+from imagenet_train.config import DataConfig
+from imagenet_train.planning.resolution import CropSchedule
+
+pytestmark = pytest.mark.unit
+
+
+def test_without_a_ramp_every_epoch_uses_the_train_crop_size():
+    assert CropSchedule(176).sizes(5) == [176] * 5
+    assert CropSchedule.of(DataConfig()).sizes(3) == [224] * 3
+
+
+def test_the_ramp_holds_the_start_size_then_rises_linearly_and_holds_the_end_size():
+    schedule = CropSchedule(224, start_size=128, end_size=256, start_epoch=2, end_epoch=6)
+    assert schedule.sizes(9) == [128, 128, 128, 160, 192, 224, 256, 256, 256]
+
+
+def test_sizes_inside_the_ramp_are_rounded_to_multiples_of_32():
+    # FFCV's rn50 88-epoch recipe: 160 px until epoch 65, 192 px from epoch 76.
+    schedule = CropSchedule(224, start_size=160, end_size=192, start_epoch=65, end_epoch=76)
+    sizes = schedule.sizes(88)
+    assert sizes[:66] == [160] * 66 and sizes[76:] == [192] * 12
+    assert all(size % 32 == 0 for size in sizes[66:76])
+    assert sizes[70] == 160 and sizes[71] == 192  # 174.5 -> 160, 177.5 -> 192: the nearer multiple
+
+
+def test_a_ramp_between_sizes_that_are_not_multiples_of_32_stays_within_its_ends():
+    sizes = CropSchedule(64, start_size=40, end_size=72, start_epoch=0, end_epoch=10).sizes(12)
+    assert sizes[0] == 40 and sizes[-1] == 72 and all(40 <= size <= 72 for size in sizes)
+    assert set(sizes[1:10]) <= {40, 64, 72}
+
+
+def test_a_ramp_that_starts_and_ends_at_one_epoch_is_a_step():
+    assert CropSchedule(224, 160, 224, 3, 3).sizes(5) == [160, 160, 160, 160, 224]  # the size steps up after epoch 3
+
+
+def test_the_schedule_of_a_run_comes_from_its_progressive_settings():
+    data = DataConfig(
+        progressive_start_size=160, progressive_end_size=192, progressive_start_epoch=1, progressive_end_epoch=2
+    )
+    assert CropSchedule.of(data).sizes(4) == [160, 160, 192, 192]
