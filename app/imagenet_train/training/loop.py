@@ -33,7 +33,7 @@ from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.position import Position
 from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.training import checkpoint, evaluation
+from imagenet_train.training import checkpoint, evaluation, models
 from imagenet_train.training.data_wait import DataWait
 from imagenet_train.training.dist import (
     DistInfo,
@@ -49,7 +49,6 @@ from imagenet_train.training.key_log import KeyLog, consumed_keys
 from imagenet_train.training.parts import (
     amp_dtype,
     augmentation_seed,
-    build_model,
     parameter_groups,
     preflight_check,
     seed_augmentation,
@@ -78,7 +77,7 @@ class Trainer:
         self.exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
         self.run_dir = Path(run.run_dir)
         torch.manual_seed(run.seed)  # identical initial weights on every rank
-        model = build_model(run.arch, source.num_classes).to(info.device)
+        model = models.create(run, source.num_classes, info.is_main).to(info.device)
         self.channels_last = run.channels_last and info.device.type == "cuda"
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)

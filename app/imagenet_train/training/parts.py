@@ -1,4 +1,4 @@
-"""The parts a run is built from, shared by the trainer and the Lightning module: the model, its optimizer's
+"""The parts a run is built from, shared by the trainer and the Lightning module: the optimizer's
 parameter groups, the autocast dtype, each rank's augmentation seed, the planner's pre-flight verdict and the
 train and val loaders."""
 
@@ -8,7 +8,6 @@ from functools import partial
 
 import torch
 
-from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Amp, Config
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.errors import ImagenetTrainError
@@ -21,17 +20,6 @@ from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training.dist import DistInfo
-
-
-def build_model(arch: str, num_classes: int) -> torch.nn.Module:
-    """A torchvision classification model by name, randomly initialised."""
-    ensure_torchvision()
-    import torchvision
-
-    names = torchvision.models.list_models(module=torchvision.models)
-    if arch not in names:
-        raise ImagenetTrainError(f"--arch: unknown model '{arch}' (torchvision has e.g. resnet18, resnet50)")
-    return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
 
 
 def augmentation_seed(seed: int, rank: int) -> int:
