@@ -153,11 +153,11 @@ def load_into(model: torch.nn.Module, path: str | Path, head: WeightsHead = Weig
     others += [f"{k} is {_shape(shapes[k][0])} not {_shape(shapes[k][1])}" for k in misshaped if k not in heads]
     if others:
         more = f" (and {len(others) - 3} more)" if len(others) > 3 else ""
-        raise ImagenetTrainError(f"--weights {clip(path)}: does not fit this model: {'; '.join(others[:3])}{more}")
+        raise ImagenetTrainError(f"--weights {path}: does not fit this model: {'; '.join(others[:3])}{more}")
     if heads and head != WeightsHead.REPLACE:
         theirs, ours = shapes[heads[0]]
         raise ImagenetTrainError(
-            f"--weights {clip(path)}: the head {heads[0]} is {_shape(theirs)} in the file but {_shape(ours)} here "
+            f"--weights {path}: the head {heads[0]} is {_shape(theirs)} in the file but {_shape(ours)} here "
             f"({ours[0]} classes); --weights-head replace loads the rest and trains a new head"
         )
     for key in heads:
