@@ -32,7 +32,7 @@ def test_timm_model_steps_channels_last_under_bf16_autocast(blurpool):
     assert model.conv1[0].weight.is_contiguous(memory_format=torch.channels_last)
 
 
-@pytest.mark.slow  # inductor compiles forward and backward in about 2.5 minutes on 2 shared CPU cores
+@pytest.mark.slow  # inductor compiles forward and backward: 2.5 minutes cold on 2 shared CPU cores
 def test_timm_model_steps_under_torch_compile():
     model = models.create(RunConfig(arch="timm/test_resnet", zero_init_residual=True), 4)
     model = model.to(memory_format=torch.channels_last)
