@@ -34,6 +34,16 @@ class Amp(str, Enum):
         return self.value
 
 
+class WeightsHead(str, Enum):
+    """What --weights does with a classifier head sized for another number of classes (the --weights-head word)."""
+
+    REFUSE = "refuse"  # one error line naming the tensor and both shapes
+    REPLACE = "replace"  # load everything else; the head keeps its fresh initialisation
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class DataConfig:
     shards: str = setting("", "shard index (shards.json), its directory, or a URL to either")
@@ -226,7 +236,34 @@ class OptimConfig:
 
 @dataclass
 class RunConfig:
-    arch: str = setting("resnet50", "torchvision model name")
+    arch: str = setting(
+        "resnet50",
+        "model: a torchvision name (resnet50), or timm/NAME for timm's (timm/resnet50d; "
+        "pip install 'imagenet-train[timm]')",
+    )
+    zero_init_residual: bool = setting(
+        False,
+        "zero the scale (gamma) of the last BN in each residual block, so each block starts as the identity "
+        "(torchvision's ResNet family, timm's models with zero_init_last; an error for other archs); off as in "
+        "torchvision's reference, FFCV- and timm-style recipes turn it on",
+    )
+    blurpool: bool = setting(
+        False,
+        "FFCV's BlurPool: a stride-1 blur (timm's BlurPool2d) before every strided convolution with 16 or more "
+        "input channels (pip install 'imagenet-train[timm]')",
+    )
+    weights: str = setting(
+        "",
+        "initialise the model from this local file: a torchvision or timm state dict or one of our checkpoints, "
+        "read with weights_only=True (DDP's module. and torch.compile's _orig_mod. prefixes are stripped); "
+        "--resume takes precedence: a run resumed from a checkpoint takes every weight from it",
+    )
+    weights_head: str = setting(
+        WeightsHead.REFUSE.value,
+        "a --weights head sized for another number of classes: refuse (an error naming it), or replace (load "
+        "the rest and train a freshly initialised head)",
+        choices=WeightsHead,
+    )
     epochs: int = setting(90, "epochs to train", minimum=1, maximum=1_000_000)
     amp: str = setting(Amp.AUTO.value, "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off", choices=Amp)
     channels_last: bool = setting(True, "channels-last memory format on GPU")

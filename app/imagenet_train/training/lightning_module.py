@@ -28,8 +28,9 @@ from imagenet_train.loading.normalize import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
+from imagenet_train.training import models
 from imagenet_train.training.optimizers import build_optimizer
-from imagenet_train.training.preflight import build_model, preflight_check
+from imagenet_train.training.preflight import preflight_check
 
 
 def refuse_uneven_modes(cfg: Config) -> None:
@@ -97,7 +98,7 @@ class ImagenetModule(lightning.LightningModule):
         super().__init__()
         self.cfg = cfg
         torch.manual_seed(cfg.run.seed)
-        self.model = build_model(cfg.run.arch, num_classes)
+        self.model = models.create(cfg.run, num_classes, lightning.pytorch.utilities.rank_zero_only.rank == 0)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
         self.topk = min(5, num_classes)
         self.totals = torch.zeros(4, dtype=torch.float64)  # loss sum, top-1 hits, top-k hits, samples

@@ -24,13 +24,13 @@ from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.position import Position
 from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.training import checkpoint, evaluation
+from imagenet_train.training import checkpoint, evaluation, models
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
 from imagenet_train.training.key_log import consumed_keys
 from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.preempt import StepVote, StopRequest
-from imagenet_train.training.preflight import build_model, preflight_check
+from imagenet_train.training.preflight import preflight_check
 from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
 from imagenet_train.training.results_mirror import ResultsMirror, fetch_for_resume
 from imagenet_train.training.run_record import EpochRecords, derived, write_config
@@ -53,7 +53,7 @@ class Trainer:
         self.run_dir = Path(run.run_dir)
         torch.manual_seed(run.seed)  # identical initial weights on every rank
         channels_last = run.channels_last and info.device.type == "cuda"
-        model = build_model(run.arch, source.num_classes)
+        model = models.create(run, source.num_classes, info.is_main)
         self.model, self.ddp, forward = distribute(model, info, channels_last, run.compile, self.exact)
         seed_augmentation(run.seed, info.rank)
         self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)

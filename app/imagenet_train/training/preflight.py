@@ -1,29 +1,14 @@
-"""The parts a run is built from, shared by the trainer and the Lightning module: the model and the
-planner's pre-flight verdict."""
+"""The planner's verdict on a launch before it starts, shared by the trainer, the Lightning module and Ray."""
 
 from __future__ import annotations
 
 import logging
 
-import torch
-
-from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.planning import plan
 
 log = logging.getLogger(__name__)
-
-
-def build_model(arch: str, num_classes: int) -> torch.nn.Module:
-    """A torchvision classification model by name, randomly initialised."""
-    ensure_torchvision()
-    import torchvision
-
-    names = torchvision.models.list_models(module=torchvision.models)
-    if arch not in names:
-        raise ImagenetTrainError(f"--arch: unknown model '{arch}' (torchvision has e.g. resnet18, resnet50)")
-    return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
 
 
 def preflight_check(

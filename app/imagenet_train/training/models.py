@@ -1,0 +1,203 @@
+"""The model a run trains: a torchvision or timm architecture by name, its residual-BN zero-init, FFCV's BlurPool,
+and its initial weights from a file (`--weights`)."""
+
+from __future__ import annotations
+
+import difflib
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from imagenet_train.compat import ensure_torchvision
+from imagenet_train.config import RunConfig, WeightsHead
+from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.training.checkpoint import load_weights
+
+TIMM = "timm/"  # --arch timm/NAME picks timm's model NAME
+TIMM_INSTALL = "pip install 'imagenet-train[timm]'"
+BLUR_MIN_CHANNELS = 16  # FFCV blurs strided convolutions with at least this many input channels
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP's and torch.compile's wrappers, in saved state dicts
+
+
+def create(run: RunConfig, num_classes: int, is_main: bool = True) -> torch.nn.Module:
+    """The run's model, on the CPU and ready for the device: built, zero-inited, blurred, and loaded from --weights.
+
+    Every rank loads --weights itself, before DDP wraps the model: each reaches the same verdict on the same
+    file (a bad file stops every rank with the same line, none is left waiting in DDP's broadcast), as
+    --resume does, and it holds under launchers whose strategy does not broadcast. --resume, applied after
+    this, replaces every tensor, so a resumed run keeps its checkpoint's weights.
+    """
+    model = build_model(run.arch, num_classes, run.zero_init_residual)
+    if run.blurpool:
+        apply_blurpool(model, run.arch)
+    if run.weights:
+        note = load_into(model, run.weights, WeightsHead(run.weights_head))
+        if note and is_main:
+            print(note, flush=True)
+    return model
+
+
+def build_model(arch: str, num_classes: int, zero_init_residual: bool = False) -> torch.nn.Module:
+    """A torchvision model by name, or timm's as `timm/NAME`, randomly initialised for `num_classes`."""
+    ensure_torchvision()  # before timm too: timm imports torchvision
+    if arch.startswith(TIMM):
+        model = _timm_model(arch, num_classes, zero_init_residual)
+    else:
+        model = _torchvision_model(arch, num_classes, zero_init_residual)
+    if zero_init_residual and not _zeroed_norms(model):  # a model that took the keyword and did nothing with it
+        raise _no_zero_init(arch)
+    return model
+
+
+def _torchvision_model(arch: str, num_classes: int, zero_init_residual: bool) -> torch.nn.Module:
+    import torchvision
+
+    if arch not in torchvision.models.list_models(module=torchvision.models):
+        raise ImagenetTrainError(
+            f"--arch: unknown model '{clip(arch)}' (torchvision has e.g. resnet18, resnet50; timm's are timm/NAME)"
+        )
+    options = {}
+    if zero_init_residual:
+        # torchvision's ResNet family (resnet, resnext, wide_resnet) takes zero_init_residual; the rest do not.
+        if torchvision.models.get_model_builder(arch).__module__ != "torchvision.models.resnet":
+            raise _no_zero_init(arch)
+        options["zero_init_residual"] = True
+    return torchvision.models.get_model(arch, weights=None, num_classes=num_classes, **options)
+
+
+def _timm_model(arch: str, num_classes: int, zero_init_residual: bool) -> torch.nn.Module:
+    timm = _timm(f"--arch {clip(arch)}")
+    name = arch.removeprefix(TIMM)
+    if not timm.is_model(name):
+        near = difflib.get_close_matches(name, timm.list_models(), n=3)
+        hint = f"; did you mean {', '.join(TIMM + n for n in near)}?" if near else "; timm.list_models() lists them"
+        raise ImagenetTrainError(f"--arch: timm has no model '{clip(name)}'{hint}")
+    # timm's general hook is the model's zero_init_last keyword (ResNet, RegNet, CSPNet, ByobNet, ResNetV2),
+    # which calls each residual block's own zero-init; several default it on, so it is always said outright.
+    try:
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, zero_init_last=zero_init_residual)
+    except TypeError as error:
+        if "zero_init_last" not in str(error):
+            raise
+    if zero_init_residual:  # the model has no such keyword, or its entry point fixes it
+        raise _no_zero_init(arch)
+    return timm.create_model(name, pretrained=False, num_classes=num_classes)
+
+
+def _timm(wanted: str):
+    """The timm module, or the one line saying how to install it."""
+    try:
+        import timm
+    except ImportError:
+        raise ImagenetTrainError(f"{wanted}: needs timm ({TIMM_INSTALL})") from None
+    return timm
+
+
+def _zeroed_norms(model: torch.nn.Module) -> int:
+    """How many normalisation layers have all-zero scales."""
+    norms = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LayerNorm)
+    return sum(
+        1
+        for m in model.modules()
+        if isinstance(m, norms) and getattr(m, "weight", None) is not None and not m.weight.detach().any()
+    )
+
+
+def _no_zero_init(arch: str) -> ImagenetTrainError:
+    return ImagenetTrainError(
+        f"--zero-init-residual: does not apply to --arch {clip(arch)} (torchvision's ResNet family and timm models "
+        "with zero_init_last have a last BN per residual block to zero); expected --no-zero-init-residual"
+    )
+
+
+def apply_blurpool(model: torch.nn.Module, arch: str = "") -> int:
+    """FFCV's BlurPool: a stride-1 binomial blur before every strided convolution with >= 16 input channels.
+
+    Each such convolution becomes `Sequential(blur, conv)`, so its weights are saved as `NAME.conv.weight`:
+    weights trained with and without BlurPool are different networks and do not load into each other.
+    Returns how many convolutions it blurred.
+    """
+    blur_pool = _timm("--blurpool").layers.BlurPool2d
+    blurred = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if _strided_conv(child):
+                # Zero padding and stride 1 as FFCV's blur; the original convolution then strides.
+                blur = blur_pool(child.in_channels, filt_size=3, stride=1, pad_mode="constant")
+                setattr(parent, name, torch.nn.Sequential(OrderedDict(blur=blur, conv=child)))
+                blurred += 1
+    if not blurred:
+        raise ImagenetTrainError(
+            f"--blurpool: --arch {clip(arch)} has no strided convolution with {BLUR_MIN_CHANNELS} or more input "
+            "channels to blur; expected --no-blurpool"
+        )
+    return blurred
+
+
+def _strided_conv(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.Conv2d) and max(module.stride) > 1 and module.in_channels >= BLUR_MIN_CHANNELS
+
+
+def load_into(model: torch.nn.Module, path: str | Path, head: WeightsHead = WeightsHead.REFUSE) -> str:
+    """Load --weights into `model` exactly; returns the line to print when the head was left fresh, else ''."""
+    state = strip_wrappers(load_weights(path))
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = {k: (tuple(state[k].shape), tuple(v.shape)) for k, v in expected.items() if k in state}
+    misshaped = [k for k, (theirs, ours) in shapes.items() if theirs != ours]
+    classes = _classes(model)
+    heads = [k for k in misshaped if _head_only(*shapes[k], classes)]
+    others = [f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected]
+    others += [f"{k} is {_shape(shapes[k][0])} not {_shape(shapes[k][1])}" for k in misshaped if k not in heads]
+    if others:
+        more = f" (and {len(others) - 3} more)" if len(others) > 3 else ""
+        raise ImagenetTrainError(f"--weights {path}: does not fit this model: {'; '.join(others[:3])}{more}")
+    if heads and head != WeightsHead.REPLACE:
+        theirs, ours = shapes[heads[0]]
+        raise ImagenetTrainError(
+            f"--weights {path}: the head {heads[0]} is {_shape(theirs)} in the file but {_shape(ours)} here "
+            f"({ours[0]} classes); --weights-head replace loads the rest and trains a new head"
+        )
+    for key in heads:
+        del state[key]
+    model.load_state_dict(state, strict=not heads)
+    if not heads:
+        return ""
+    theirs, ours = shapes[heads[0]]
+    return (
+        f"--weights {path}: loaded {len(state)} tensors; the head ({', '.join(heads)}) is freshly initialised for "
+        f"{ours[0]} classes (the file's has {theirs[0]})"
+    )
+
+
+def strip_wrappers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict without DDP's `module.` and torch.compile's `_orig_mod.` prefixes, in any nesting."""
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in WRAPPER_PREFIXES:
+            if all(key.startswith(prefix) for key in state):  # all, or a submodule named `module` would lose it
+                state = {key.removeprefix(prefix): value for key, value in state.items()}
+                stripped = True
+    return state
+
+
+def _classes(model: torch.nn.Module) -> int | None:
+    """The model's class count: its classifier's output size (timm's and torchvision's heads alike)."""
+    getter = getattr(model, "get_classifier", None)  # timm
+    head = getter() if callable(getter) else None
+    if isinstance(head, torch.nn.Linear):
+        return head.out_features
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return linears[-1].out_features if linears else None
+
+
+def _head_only(theirs: tuple, ours: tuple, classes: int | None) -> bool:
+    """Whether a shape differs only in the class count: the classifier of another dataset."""
+    return bool(ours) and len(theirs) == len(ours) and ours[0] == classes and theirs[1:] == ours[1:]
+
+
+def _shape(shape: tuple) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
