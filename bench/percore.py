@@ -33,7 +33,7 @@ from percore_table import KINDS, LARGE_SIDES, RESIZES, configurations, key  # no
 from imagenet_train.datasets.convert import ShardOptions  # noqa: E402
 from imagenet_train.datasets.convert import convert as make_shards  # noqa: E402
 from imagenet_train.datasets.source import resolve_source  # noqa: E402
-from imagenet_train.loading import jpegcrop, workers  # noqa: E402
+from imagenet_train.loading import fused_decoder, workers  # noqa: E402
 from imagenet_train.loading.options import Decoder  # noqa: E402
 from imagenet_train.loading.presets import TrainPreset  # noqa: E402
 from imagenet_train.loading.stages import ShardReading  # noqa: E402
@@ -126,12 +126,12 @@ def run(images: Path, shards: Path, work: Path, rounds: int = 3, seconds: float 
     """Every configuration once per round; the figures of each round and the load average before each."""
     # Each configuration starts a fresh worker: with the decoders imported in the forkserver it does not import
     # torchvision again (~5 s on a loaded 2-core machine). Training's workers persist and pay that once.
-    workers.FORKSERVER_PRELOAD.extend(["imagenet_train.loading.presets", "imagenet_train.loading.jpegcrop"])
+    workers.FORKSERVER_PRELOAD.extend(["imagenet_train.loading.presets", "imagenet_train.loading.fused_decoder"])
     torch.set_num_threads(1)
     began = time.time()
     sets = shard_sets(images, shards, work)
     prepared = time.time()
-    decoders = [Decoder.SIMPLEJPEG, *([Decoder.FUSED] if jpegcrop.available() else [])]
+    decoders = [Decoder.SIMPLEJPEG, *([Decoder.FUSED] if fused_decoder.available() else [])]
     order = configurations([str(d) for d in decoders])
     runs: dict[str, list[dict]] = {key(*c): [] for c in order}
     loads = []

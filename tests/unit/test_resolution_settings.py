@@ -4,7 +4,7 @@ that are refused in one line."""
 import pytest
 
 from imagenet_train.cli import build_parser
-from imagenet_train.commands.train import _config_from
+from imagenet_train.commands.train_cmd import _config_from
 from imagenet_train.config import Config, DataConfig, load_settings
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.dali import available as dali_available
