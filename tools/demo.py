@@ -16,12 +16,9 @@ from imagenet_train.datasets.digits import write_digits
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.ops.serve import NginxServer
 
-# Small images, a small network and mild crops: the digits are 8x8 at heart, and flips change them.
-TRAIN_ARGS = [
-    *("--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--min-crop-scale", "0.5", "--no-hflip"),
-    *("--batch-size", "32", "--workers", "1", "--lr", "0.4", "--warmup-epochs", "1", "--label-smoothing", "0.0"),
-    *("--weight-decay", "5e-4", "--shuffle-buffer", "500"),
-]
+# The small-images recipe: ResNet-18 at 32 px, mild crops, no flips (the digits are 8x8 at heart, and flips change
+# them). Its global batch is divided over --nproc processes.
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "small-images.yaml"
 
 
 def main() -> int:
@@ -63,7 +60,7 @@ def main() -> int:
                 str(run_dir),
                 "--epochs",
                 str(args.epochs),
-                *TRAIN_ARGS,
+                *("--config", str(RECIPE)),
             ]
             print("$ " + " ".join(command), flush=True)
             result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -4,17 +4,19 @@ epochs, global batch, LR scaling and a GPU-hour estimate in its header."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+
 from chartkit import CHART_DIR
 from chartkit.values import coalesce, load_yaml, schema_errors
-
-from conftest import REPO
 from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import train_config
+
+from conftest import REPO
 
 pytestmark = pytest.mark.unit
 
@@ -75,7 +77,7 @@ def test_the_recipe_loads_through_train_config_and_passes_its_checks(path):
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
 def test_the_recipe_is_valid_as_the_charts_train_values(path):
-    schema = __import__("json").loads((CHART_DIR / "values.schema.json").read_text())
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     values = coalesce(load_yaml(CHART_DIR / "values.yaml"), {"train": yaml.safe_load(path.read_text())})
     assert schema_errors(values, schema) == []
 
