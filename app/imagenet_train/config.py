@@ -361,13 +361,8 @@ def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
 
 
 def declaration(name: str) -> tuple[dataclasses.Field, Setting]:
-    """A declared setting by name, for the commands besides `train` that take its flag (plan)."""
+    """A declared setting by name, for the commands besides `train` that take its flag (plan, probe, summarize)."""
     return next((d, rule) for section in SECTIONS for d, rule in declared(section) if d.name == name)
-
-
-def setting_help(name: str) -> str:
-    """The help of a declared setting, for the commands besides `train` that take its flag (probe, summarize)."""
-    return declaration(name)[1].help
 
 
 def load_settings(path: str | Path) -> dict[str, Any]:

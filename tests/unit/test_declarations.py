@@ -91,26 +91,33 @@ def test_a_config_holding_enum_members_saves_and_loads_back_as_the_words():
     assert loaded["decoder"] == Decoder.FUSED and type(loaded["decoder"]) is str
 
 
-def plan_flags_declared_here() -> list[str]:
-    """The flags of declared settings that commands/plan_cmd.py adds with add_argument itself (its own default)."""
-    tree = ast.parse((PACKAGE / "commands" / "plan_cmd.py").read_text())
-    settings = {flag(name) for name in defaults()}
-    return [
-        f"plan.py:{node.lineno}: {node.args[0].value}"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "add_argument"
-        and node.args
-        and isinstance(node.args[0], ast.Constant)
-        and node.args[0].value in settings
-    ]
+# Flags other commands share with `train` in the same meaning. (`shards --workers` or `--seed` are the
+# converter's own: a different setting under the same word.)
+SHARED_WITH_TRAIN = {"--trust-index", "--verify-shards"}
 
 
-def test_plan_declares_no_flag_of_a_training_setting_itself():
-    assert not plan_flags_declared_here(), "take them from config.py (_add_setting):\n" + "\n".join(
-        plan_flags_declared_here()
-    )
+def flags_declared_by_commands() -> list[str]:
+    """Flags of declared settings a command adds with add_argument itself: any in plan, the shared ones anywhere."""
+    found = []
+    for path in sorted((PACKAGE / "commands").glob("*.py")):
+        settings = {flag(name) for name in defaults()} if path.name == "plan_cmd.py" else SHARED_WITH_TRAIN
+        tree = ast.parse(path.read_text())
+        found += [
+            f"{path.name}:{node.lineno}: {node.args[0].value}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in settings
+        ]
+    return found
+
+
+def test_no_command_declares_a_flag_of_a_training_setting_itself():
+    found = flags_declared_by_commands()
+    assert not found, "take them from config.py's declarations (add_flag):\n" + "\n".join(found)
 
 
 def test_plan_flags_default_and_check_as_train_declares_them():

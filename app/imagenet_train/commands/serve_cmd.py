@@ -9,8 +9,8 @@ import sys
 import time
 
 from imagenet_train.commands import deployment_file
-from imagenet_train.config import setting_help
-from imagenet_train.declarations import number, text
+from imagenet_train.config import declaration
+from imagenet_train.declarations import add_flag, number, text
 from imagenet_train.errors import ImagenetTrainError
 
 
@@ -87,11 +87,6 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     )
     probe.add_argument("--split", type=text, default="train", help="split whose first shard is read")
     probe.add_argument("--wait", type=seconds, default=0, help="retry for up to this many seconds (0: once)")
-    probe.add_argument("--trust-index", action="store_true", help=setting_help("trust_index"))
-    probe.add_argument(
-        "--verify-shards",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="check the shard read against the sha256 and size in the index",
-    )
+    add_flag(probe, *declaration("trust_index"), given_only=False)
+    add_flag(probe, *declaration("verify_shards"), given_only=False, context="the shard read: ")
     probe.set_defaults(func=cmd_probe)

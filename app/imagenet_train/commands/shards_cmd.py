@@ -6,9 +6,9 @@ import argparse
 import json
 import os
 
-from imagenet_train.config import setting_help
+from imagenet_train.config import declaration
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
-from imagenet_train.declarations import choice, number, text
+from imagenet_train.declarations import add_flag, choice, number, text
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
@@ -142,7 +142,7 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     summarize = commands.add_parser("summarize", formatter_class=formatter, help="brace notation and counts")
     summarize.add_argument("location", type=text, help="shard directory, shards.json, or a URL to either")
     summarize.add_argument("--json", action="store_true", help="machine-readable output")
-    summarize.add_argument("--trust-index", action="store_true", help=setting_help("trust_index"))
+    add_flag(summarize, *declaration("trust_index"), given_only=False)
     summarize.set_defaults(func=cmd_summarize)
 
     demo = commands.add_parser(
