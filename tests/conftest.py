@@ -83,13 +83,14 @@ def pytest_configure(config: pytest.Config) -> None:
     """Run as root, `serve` hands nginx's workers to `nobody` (ops/serve.py), who cannot enter pytest's private
     (0700) temp tree. Then this session's tree is a fresh one of its own that anyone may enter but not list,
     and its test folders are readable, so a folder served by nginx is readable by its workers as on a normal
-    machine."""
-    if os.geteuid() != 0 or config.option.basetemp is not None:
+    machine. A --basetemp given (`make faults`) is kept, and made enterable the same way."""
+    if os.geteuid() != 0:
         return
-    top = Path(tempfile.mkdtemp(prefix="imagenet-train-tests-"))
-    top.chmod(0o711)
-    config.option.basetemp = str(top / "t")
-    config.add_cleanup(lambda: shutil.rmtree(top, ignore_errors=True))
+    if config.option.basetemp is None:
+        top = Path(tempfile.mkdtemp(prefix="imagenet-train-tests-"))
+        top.chmod(0o711)
+        config.option.basetemp = str(top / "t")
+        config.add_cleanup(lambda: shutil.rmtree(top, ignore_errors=True))
     private = pytest.TempPathFactory.mktemp
 
     def enterable(self: pytest.TempPathFactory, basename: str, numbered: bool = True) -> Path:
