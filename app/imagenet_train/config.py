@@ -302,9 +302,11 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def sections(self) -> tuple[DataConfig, OptimConfig, RunConfig]:
+        """The three sections, in the order config.json writes them."""
         return self.data, self.optim, self.run
 
     def to_json(self) -> str:
+        """Every setting, by section, as config.json holds it."""
         return json.dumps(dataclasses.asdict(self), indent=1)
 
     def for_world(self, world_size: int) -> Config:

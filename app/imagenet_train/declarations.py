@@ -45,6 +45,7 @@ def declared(instance_or_class: Any) -> list[tuple[dataclasses.Field, Setting]]:
 
 
 def flag(name: str) -> str:
+    """The command-line flag of a setting: batch_size -> --batch-size."""
     return "--" + name.replace("_", "-")
 
 

@@ -122,6 +122,7 @@ class ValPreset:
     max_pixels: int = MAX_IMAGE_PIXELS
 
     def build(self) -> Callable[[bytes], torch.Tensor]:
+        """The per-sample transform: decode, resize the short side, centre-crop."""
         resize = self.resize or round(self.size / 0.875)
         decode = partial(decode_rgb, max_pixels=self.max_pixels)
         return DecodeThen(decode, v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(self.size)]))

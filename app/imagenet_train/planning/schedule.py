@@ -62,6 +62,7 @@ class Schedule:
 
     @property
     def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
         return self.batch_size * self.world
 
     def epoch_batches(self, epoch: int) -> int:
