@@ -189,3 +189,18 @@ def test_the_training_package_imports_no_decoder():
         if target in DECODERS or target.split(".")[0] in DECODERS
     ]
     assert not found, "training/ must not decode images:\n" + "\n".join(found)
+
+
+# A module past ~400 lines has stopped doing one job; the loop and the epoch stream read top to bottom.
+MAX_LINES = 400
+SHORTER = {"training/loop.py": 300, "loading/stream.py": 300}
+
+
+def test_no_module_is_longer_than_it_should_be():
+    long = []
+    for name, path in MODULES.items():
+        relative = str(path.relative_to(PACKAGE))
+        lines = len(path.read_text().splitlines())
+        if lines > SHORTER.get(relative, MAX_LINES):
+            long.append(f"{relative}: {lines} lines (at most {SHORTER.get(relative, MAX_LINES)})")
+    assert not long, "split these by job:\n" + "\n".join(long)
