@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from imagenet_train.commands import Parser, datasets, ops, plan, remote, runs, storage, train
+from imagenet_train.commands import Parser, datasets, evaluate, ops, plan, remote, runs, storage, train
 from imagenet_train.commands.train import train_config  # noqa: F401 (its old home: notebooks import it from here)
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted, one_line
 
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     datasets.add_commands(commands, formatter)  # shards, summarize, demo-data
     ops.add_commands(commands, formatter)  # serve, probe
     train.add_commands(commands, formatter)  # train
+    evaluate.add_commands(commands, formatter)  # evaluate
     plan.add_commands(commands, formatter)  # plan
     storage.add_commands(commands, formatter)  # upload, sync, fill
     runs.add_commands(commands, formatter)  # launch, ray, report

@@ -26,8 +26,10 @@ from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint, evaluation
 from imagenet_train.training.dist import DistInfo
+from imagenet_train.training.ema import ModelEma, ema_scores, final_choice, update_decay, write_final
 from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
 from imagenet_train.training.key_log import consumed_keys
+from imagenet_train.training.mixing import batch_mixing
 from imagenet_train.training.parts import build_model, parameter_groups, preflight_check
 from imagenet_train.training.preempt import StepVote, StopRequest
 from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
@@ -64,8 +66,9 @@ class Trainer:
         )
         self.amp = amp_dtype(run.amp, info.device)
         criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+        mixing = batch_mixing(cfg.optim.mixup_alpha, cfg.optim.cutmix_alpha, source.num_classes)
         self.step = TrainStep(
-            self.model, forward, optimizer, criterion, self.amp, channels_last, cfg.optim.clip_grad_norm
+            self.model, forward, optimizer, criterion, self.amp, channels_last, cfg.optim.clip_grad_norm, mixing
         )
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)
         self.batches = RunBatches(cfg, info.rank, info.world, info.device, source, self.schedule.epoch_batches(0))
@@ -78,11 +81,21 @@ class Trainer:
         self.state = checkpoint.RunState(
             self.run_dir, {"model": self.model, "optimizer": optimizer, "scaler": self.step.scaler}, facts
         )
+        self.ema = self._ema() if cfg.optim.model_ema else None
+        if self.ema:
+            self.state.add("ema", self.ema)
         self.start_epoch, self.position = 0, None  # position: set when resuming inside an epoch
         self.stop_position: Position | None = None  # where a pre-emption stopped the epoch
         self.stop_signal = 0
         self.mirror = ResultsMirror(self.run_dir, run.results, data.io_timeout, info.local_rank)
         self.records = EpochRecords(self.run_dir, run.tensorboard) if info.is_main else None
+
+    def _ema(self) -> ModelEma:
+        """--model-ema: the average, its decay per update adjusted as torchvision's, copying during LR warmup."""
+        optim, schedule = self.cfg.optim, self.schedule
+        decay = update_decay(optim.model_ema_decay, schedule.global_batch, optim.model_ema_steps, schedule.epochs)
+        warmup = round(optim.warmup_epochs * schedule.interval)  # the LR warmup's steps, as Schedule.lr counts them
+        return ModelEma(self.model, decay, optim.model_ema_steps, warmup)
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> None:
@@ -144,7 +157,7 @@ class Trainer:
     def _hooks(self, epoch: int, position: Position) -> list[StepHook]:
         """This epoch's per-step extras; the vote comes last, after every hook that may fail has run."""
         info, run, start = self.info, self.cfg.run, position.step
-        hooks: list[StepHook] = []
+        hooks: list[StepHook] = [self.ema.at(epoch * self.schedule.interval)] if self.ema else []
         if self.exact:
             hooks.append(PositionLog(self.run_dir, epoch, info.rank, start, self.vote))
         if run.log_keys:
@@ -220,19 +233,25 @@ class Trainer:
         if self.batches.val is None:
             return {}
         self.model.eval()
-        record, keys = evaluation.evaluate(
-            self.model,
+        record, keys = self._evaluate(self.model, keep_keys=self.cfg.run.log_keys)
+        if self.cfg.run.log_keys:
+            write_keys(self.run_dir, "val", epoch, self.info.rank, keys)
+        if self.ema:
+            record.update(ema_scores(self._evaluate(self.ema.module)[0]))
+        return record
+
+    def _evaluate(self, model: torch.nn.Module, keep_keys: bool = False) -> tuple[dict, list[str]]:
+        return evaluation.evaluate(
+            model,
             self.batches.val,
             self.batches.val_batches(),
             self.info,
             self.amp,
             self.step.channels_last,
             self.source.num_classes,
-            keep_keys=self.cfg.run.log_keys,
+            keep_keys=keep_keys,
+            tta=self.cfg.run.val_tta,
         )
-        if self.cfg.run.log_keys:
-            write_keys(self.run_dir, "val", epoch, self.info.rank, keys)
-        return record
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -252,12 +271,21 @@ class Trainer:
                 self.stop(self.save(epoch - 1, self.stop_position), self.stop_position)
             if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.schedule.epochs:
                 record.update(self.evaluate(epoch))
+            if epoch + 1 == self.schedule.epochs:
+                record["final_weights"] = self.write_final(record)
             last = self.finish_epoch(epoch, record, started)
         if self.records:
             self.records.close()
         self.mirror.finish(self.cfg.data.io_timeout)
         self.batches.close()
         return last
+
+    def write_final(self, record: dict) -> str:
+        """Rank 0 writes RUN_DIR/final.pt from the raw or EMA weights, the better last top-1; returns which."""
+        choice = final_choice(record, self.ema)
+        if self.info.is_main:
+            self.vote.guard(write_final, self.run_dir, self.model, self.ema, record)  # settled by the checkpoint
+        return choice
 
     def finish_epoch(self, epoch: int, record: dict, started: float) -> dict:
         """Complete the epoch's record, checkpoint, write it down, mirror; stop here if a signal came meanwhile."""
