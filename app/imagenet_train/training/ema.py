@@ -5,6 +5,7 @@ taken from whichever of the two scored the better top-1."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
@@ -60,6 +61,16 @@ class ModelEma(StepHook):
     def load_state_dict(self, state: dict) -> None:
         """Continue from a checkpoint's EMA."""
         self.averaged.load_state_dict(state)
+
+
+def run_ema(model: torch.nn.Module, optim: Any, schedule: Any) -> ModelEma | None:
+    """A run's EMA under --model-ema (None without): the decay per update adjusted for the run's global batch and
+    epochs, copying during the LR warmup (its steps as Schedule.lr counts them). `optim` is config's OptimConfig,
+    `schedule` the run's planning Schedule."""
+    if not optim.model_ema:
+        return None
+    decay = update_decay(optim.model_ema_decay, schedule.global_batch, optim.model_ema_steps, schedule.epochs)
+    return ModelEma(model, decay, optim.model_ema_steps, round(optim.warmup_epochs * schedule.interval))
 
 
 def ema_scores(record: dict) -> dict:

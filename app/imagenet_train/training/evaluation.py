@@ -10,12 +10,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.presets import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.training.dist import DistInfo, all_sum
+
+
+def take_rank0_buffers(model: torch.nn.Module, info: DistInfo) -> None:
+    """Give every rank rank 0's buffers: the BN statistics differ after each rank's last batch, and every rank
+    must score the weights that rank 0 checkpoints (as DDP's own forward would broadcast them)."""
+    if info.enabled:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
 
 
 def logits_of(model: torch.nn.Module, images: torch.Tensor, tta: bool = False) -> torch.Tensor:

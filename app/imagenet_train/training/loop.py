@@ -26,7 +26,7 @@ from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint, evaluation
 from imagenet_train.training.dist import DistInfo
-from imagenet_train.training.ema import ModelEma, ema_scores, final_choice, update_decay, write_final
+from imagenet_train.training.ema import ema_scores, final_choice, run_ema, write_final
 from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
 from imagenet_train.training.key_log import consumed_keys
 from imagenet_train.training.mixing import batch_mixing
@@ -81,7 +81,7 @@ class Trainer:
         self.state = checkpoint.RunState(
             self.run_dir, {"model": self.model, "optimizer": optimizer, "scaler": self.step.scaler}, facts
         )
-        self.ema = self._ema() if cfg.optim.model_ema else None
+        self.ema = run_ema(self.model, cfg.optim, self.schedule)
         if self.ema:
             self.state.add("ema", self.ema)
         self.start_epoch, self.position = 0, None  # position: set when resuming inside an epoch
@@ -89,13 +89,6 @@ class Trainer:
         self.stop_signal = 0
         self.mirror = ResultsMirror(self.run_dir, run.results, data.io_timeout, info.local_rank)
         self.records = EpochRecords(self.run_dir, run.tensorboard) if info.is_main else None
-
-    def _ema(self) -> ModelEma:
-        """--model-ema: the average, its decay per update adjusted as torchvision's, copying during LR warmup."""
-        optim, schedule = self.cfg.optim, self.schedule
-        decay = update_decay(optim.model_ema_decay, schedule.global_batch, optim.model_ema_steps, schedule.epochs)
-        warmup = round(optim.warmup_epochs * schedule.interval)  # the LR warmup's steps, as Schedule.lr counts them
-        return ModelEma(self.model, decay, optim.model_ema_steps, warmup)
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> None:
@@ -241,6 +234,7 @@ class Trainer:
         return record
 
     def _evaluate(self, model: torch.nn.Module, keep_keys: bool = False) -> tuple[dict, list[str]]:
+        evaluation.take_rank0_buffers(model, self.info)
         return evaluation.evaluate(
             model,
             self.batches.val,
@@ -271,21 +265,16 @@ class Trainer:
                 self.stop(self.save(epoch - 1, self.stop_position), self.stop_position)
             if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.schedule.epochs:
                 record.update(self.evaluate(epoch))
-            if epoch + 1 == self.schedule.epochs:
-                record["final_weights"] = self.write_final(record)
+            if epoch + 1 == self.schedule.epochs:  # RUN_DIR/final.pt: raw or EMA, whichever scored better
+                record["final_weights"] = final_choice(record, self.ema)
+                if self.info.is_main:
+                    self.vote.guard(write_final, self.run_dir, self.model, self.ema, record)  # settled at the save
             last = self.finish_epoch(epoch, record, started)
         if self.records:
             self.records.close()
         self.mirror.finish(self.cfg.data.io_timeout)
         self.batches.close()
         return last
-
-    def write_final(self, record: dict) -> str:
-        """Rank 0 writes RUN_DIR/final.pt from the raw or EMA weights, the better last top-1; returns which."""
-        choice = final_choice(record, self.ema)
-        if self.info.is_main:
-            self.vote.guard(write_final, self.run_dir, self.model, self.ema, record)  # settled by the checkpoint
-        return choice
 
     def finish_epoch(self, epoch: int, record: dict, started: float) -> dict:
         """Complete the epoch's record, checkpoint, write it down, mirror; stop here if a signal came meanwhile."""
