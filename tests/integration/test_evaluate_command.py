@@ -58,15 +58,18 @@ def test_evaluate_gives_the_same_top1_as_the_end_of_training(tiny_shards, tmp_pa
     saved = str(run_dir / "checkpoints" / "epoch-0000.pt")
 
     raw = _evaluate(saved, *config)
-    assert raw["top1"] == last["top1"] and raw["top3"] == last["top3"] and raw["val_tta"] is True
+    # the same numbers, not merely close: the loss too, which any change to the logits (the flip) would move
+    assert (raw["top1"], raw["top3"], raw["val_loss"]) == (last["top1"], last["top3"], last["val_loss"])
+    assert raw["val_tta"] is True
     assert raw["val_samples"] == 15 and [c["samples"] for c in raw["per_class"]] == [5, 5, 5]
     hits = sum(round(c["top1"] * c["samples"]) for c in raw["per_class"])
     assert hits / 15 == raw["top1"]
 
     averaged = _evaluate(saved, *config, "--ema")
-    assert averaged["top1"] == last["ema_top1"] and averaged["ema"] is True
+    assert (averaged["top1"], averaged["val_loss"]) == (last["ema_top1"], last["ema_val_loss"])
     final = _evaluate(str(run_dir / "final.pt"), *config)
-    assert final["top1"] == last["ema_top1" if last["final_weights"] == "ema" else "top1"]
+    chosen = "ema_" if last["final_weights"] == "ema" else ""
+    assert (final["top1"], final["val_loss"]) == (last[chosen + "top1"], last[chosen + "val_loss"])
 
 
 def test_evaluate_on_two_ranks_counts_every_val_sample_once(tiny_shards, tmp_path):
@@ -82,7 +85,7 @@ def test_evaluate_on_two_ranks_counts_every_val_sample_once(tiny_shards, tmp_pat
     )
     assert report["val_samples"] == 15 == last["val_samples"]  # each of the 15 once: neither lost nor doubled
     assert [c["samples"] for c in report["per_class"]] == [5, 5, 5]
-    assert report["top1"] == last["top1"]
+    assert (report["top1"], report["val_loss"]) == (last["top1"], last["val_loss"])
 
 
 def _error(capsys, *args: str) -> str:
