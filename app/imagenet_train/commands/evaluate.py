@@ -105,7 +105,7 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     parser.add_argument("weights", metavar="FILE", help="a checkpoint, RUN_DIR/final.pt, or a model state dict")
     parser.add_argument("--ema", action="store_true", help="score the EMA weights a --model-ema checkpoint holds")
     parser.add_argument(
-        "--out", default="", metavar="FILE", help="JSON report file; '-' for stdout (default: RUN_DIR/eval.json)"
+        "--out", default="", metavar="FILE", help="JSON report file ('-': stdout; empty: RUN_DIR/eval.json)"
     )
     parser.add_argument(
         "--config",
