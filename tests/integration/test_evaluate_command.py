@@ -88,14 +88,14 @@ def test_evaluate_on_two_ranks_counts_every_val_sample_once(tiny_shards, tmp_pat
     assert (report["top1"], report["val_loss"]) == (last["top1"], last["val_loss"])
 
 
-def _error(capsys, *args: str) -> str:
-    assert cli_module.main(["evaluate", *args, "--shards", "unused.json"]) == 2
+def _error(capsys, *args: str, shards: str = "unused.json") -> str:
+    assert cli_module.main(["evaluate", *args, "--shards", shards]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("imagenet-train: error: ")
     return lines[0]
 
 
-def test_evaluate_errors_are_one_line(tmp_path, capsys):
+def test_evaluate_errors_are_one_line(tiny_shards, tmp_path, capsys):
     assert "no such weights file" in _error(capsys, str(tmp_path / "missing.pt"))
 
     model = torch.nn.Linear(2, 2)
@@ -105,6 +105,8 @@ def test_evaluate_errors_are_one_line(tmp_path, capsys):
     assert "--ema: " in _error(capsys, str(saved), "--ema") and "holds no EMA weights" in _error(
         capsys, str(saved), "--ema"
     )
+
+    assert "weights do not fit --arch resnet50 with 3 classes" in _error(capsys, str(saved), shards=str(tiny_shards))
 
     objects = tmp_path / "objects.pt"
     torch.save({"model": model}, objects)  # a pickled module: loading it could run code
