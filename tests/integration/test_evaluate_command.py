@@ -102,9 +102,8 @@ def test_evaluate_errors_are_one_line(tiny_shards, tmp_path, capsys):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     saved = checkpoint.RunState(tmp_path, {"model": model, "optimizer": optimizer, "scaler": scaler}, {}).write(0)
-    assert "--ema: " in _error(capsys, str(saved), "--ema") and "holds no EMA weights" in _error(
-        capsys, str(saved), "--ema"
-    )
+    line = _error(capsys, str(saved), "--ema")
+    assert "--ema: " in line and "holds no EMA weights" in line
 
     assert "weights do not fit --arch resnet50 with 3 classes" in _error(capsys, str(saved), shards=str(tiny_shards))
 
