@@ -9,6 +9,7 @@ import sys
 from imagenet_train.commands import (
     Parser,
     bucket_cmd,
+    evaluate_cmd,
     launch_cmd,
     plan_cmd,
     remote_cmd,
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     shards_cmd.add_commands(commands, formatter)  # shards, summarize, demo-data
     serve_cmd.add_commands(commands, formatter)  # serve, probe
     train_cmd.add_commands(commands, formatter)  # train
+    evaluate_cmd.add_commands(commands, formatter)  # evaluate
     plan_cmd.add_commands(commands, formatter)  # plan
     bucket_cmd.add_commands(commands, formatter)  # upload, sync, fill
     launch_cmd.add_commands(commands, formatter)  # launch, ray, report

@@ -232,6 +232,33 @@ class OptimConfig:
         minimum=0,
         maximum=1e6,
     )
+    mixup_alpha: float = setting(
+        0.0,
+        "MixUp on each training batch with this Beta alpha (0: off; torchvision's recipe 0.2); the targets become "
+        "soft, so the train loss is the cross-entropy against the mixed targets, higher than an unmixed run's",
+        minimum=0,
+        maximum=100,
+    )
+    cutmix_alpha: float = setting(
+        0.0,
+        "CutMix on each training batch with this Beta alpha (0: off; torchvision's recipe 1.0); with --mixup-alpha "
+        "too, each batch gets one of the two at random; soft targets as with --mixup-alpha",
+        minimum=0,
+        maximum=100,
+    )
+    model_ema: bool = setting(
+        False,
+        "keep an exponential moving average of the weights (BN buffers included), evaluated beside the model and "
+        "saved in every checkpoint; the final weights come from whichever has the better top-1",
+    )
+    model_ema_steps: int = setting(32, "update the EMA every N optimizer steps", minimum=1, maximum=1 << 20)
+    model_ema_decay: float = setting(
+        0.99998,
+        "EMA decay per sample-epoch as torchvision gives it: the decay per update is adjusted for the global "
+        "batch, --model-ema-steps and the epochs; during LR warmup the EMA copies the weights",
+        minimum=0,
+        maximum=1,
+    )
 
 
 @dataclass
@@ -277,6 +304,10 @@ class RunConfig:
     results: str = setting("", "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)")
     resume: str = setting("", "'latest' (newest checkpoint in --run-dir) or a checkpoint path")
     eval_every: int = setting(1, "evaluate every N epochs (and after the last)", minimum=1)
+    val_tta: bool = setting(
+        False,
+        "test-time flip: evaluate on each image and its horizontal mirror and average the two logits (FFCV's lr_tta)",
+    )
     checkpoint_every: int = setting(
         0, "also checkpoint every N batches inside an epoch, for mid-epoch resume (0: epoch ends only)", minimum=0
     )

@@ -59,6 +59,14 @@ def test_uneven_modes_are_refused_under_lightning_naming_what_works(digit_shards
     )
 
 
+def test_recipe_settings_lightning_does_not_apply_are_refused_not_ignored(digit_shards):
+    from imagenet_train.training.lightning_module import ShardDataModule
+
+    with pytest.raises(ImagenetTrainError) as refused:
+        ShardDataModule(train_config(["--shards", str(digit_shards), "--model-ema", "--cutmix-alpha", "1"]))
+    assert str(refused.value) == "--model-ema, --cutmix-alpha: not applied under Lightning; use `imagenet-train train`"
+
+
 def test_the_data_module_gives_lightning_sized_epochs_without_a_sampler(digit_shards):
     from imagenet_train.training.lightning_module import EpochBatches, ShardDataModule, lightning
 

@@ -113,6 +113,11 @@ class Schedule:
         """Epochs of warmup, with -1 (auto) resolved for the global batch."""
         return optimization.warmup_epochs(self.warmup_epochs, self.global_batch)
 
+    @property
+    def warmup_steps(self) -> int:
+        """Optimizer steps until the warmup's samples are seen (what an EMA copies through)."""
+        return math.ceil(self.warmup * self.train_samples / self.global_batch)
+
     @cached_property
     def curve(self) -> LrCurve:
         """The LR over samples seen; an epoch here is the training set's samples, whatever --epoch-batches says."""

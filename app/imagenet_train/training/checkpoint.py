@@ -144,11 +144,18 @@ def load(path: Path) -> dict:
     return state
 
 
-def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """Model weights from a file: a state dict of tensors, or a checkpoint's 'model' entry; else one error line."""
+class MissingEntry(ImagenetTrainError):
+    """A weights file without the checkpoint entry asked for."""
+
+
+def load_weights(path: str | Path, entry: str = "model") -> dict[str, torch.Tensor]:
+    """Model weights from a file: a state dict of tensors, or a checkpoint's `entry` ('model', or 'ema' where a
+    run kept one); else one error line."""
     state = _read(Path(path), "weights file")
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]
+    if isinstance(state, dict) and isinstance(state.get(entry), dict):
+        state = state[entry]
+    elif entry != "model":
+        raise MissingEntry(f"{path}: no '{entry}' entry; expected a checkpoint that holds one")
     if (
         not isinstance(state, dict)
         or not state

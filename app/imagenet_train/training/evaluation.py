@@ -1,16 +1,39 @@
-"""Validation: loss, top-1 and top-k over every rank's share of the val shards, summed on the device and
-reduced once at the end (no host sync per batch)."""
+"""Validation: loss, top-1 and top-k (and, when asked, per-class counts) over every rank's share of the val
+shards, summed on the device and reduced once at the end (no host sync per batch); with test-time flip, the
+logits of each image and its mirror image averaged."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.normalize import normalize
 from imagenet_train.loading.stream import EpochLoader
+from imagenet_train.planning.plan import Mode
 from imagenet_train.training.dist import DistInfo, all_sum
+
+
+def take_rank0_buffers(model: torch.nn.Module, info: DistInfo) -> None:
+    """Give every rank rank 0's buffers: the BN statistics differ after each rank's last batch, and every rank
+    must score the weights that rank 0 checkpoints (as DDP's own forward would broadcast them)."""
+    if info.enabled:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
+
+
+def logits_of(model: torch.nn.Module, images: torch.Tensor, tta: bool = False) -> torch.Tensor:
+    """The model's logits for a normalised batch; with `tta`, the mean of the logits of the batch and of its
+    horizontal mirror (FFCV's lr_tta adds the two; the mean keeps the loss on the same scale)."""
+    logits = model(images)
+    if tta:
+        logits = (logits + model(images.flip(3))) / 2
+    return logits
 
 
 @torch.no_grad()
@@ -23,22 +46,29 @@ def evaluate(
     channels_last: bool,
     num_classes: int,
     keep_keys: bool = False,
+    tta: bool = False,
+    per_class: bool = False,
 ) -> tuple[dict, list[str]]:
     """The epoch's validation record (identical on every rank) and the keys this rank read (if `keep_keys`).
 
     `batches` are `loader`'s (images, labels, keys) on the device; `loader` reports the damage it met.
+    `per_class` adds "class_samples" and "class_top1" (hits), one count per class, summed over the ranks.
     """
     topk = min(5, num_classes)
     totals = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss, top-1 hits, top-k hits
+    classes = torch.zeros(2, num_classes, dtype=torch.float64, device=info.device)  # samples, top-1 hits
     count, keys = 0, []
     damage_before = loader.damage()
     for images, labels, batch_keys in batches:
         images = normalize(images, channels_last)
         with torch.autocast(info.device.type, dtype=amp, enabled=amp is not None):
-            logits = model(images)
+            logits = logits_of(model, images, tta)
         hits = logits.topk(topk, dim=1).indices.eq(labels.view(-1, 1))
         loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
         totals += torch.stack([loss.double(), hits[:, 0].sum().double(), hits.any(dim=1).sum().double()])
+        if per_class:
+            classes.index_put_((torch.zeros_like(labels), labels), torch.ones_like(labels, dtype=classes.dtype), True)
+            classes.index_put_((torch.ones_like(labels), labels), hits[:, 0].to(classes.dtype), True)
         count += len(labels)
         if keep_keys:
             keys.extend(batch_keys)
@@ -49,12 +79,66 @@ def evaluate(
     )
     if count == 0:
         raise ImagenetTrainError("validation: the val shards held no samples")
-    damaged = {"val_broken_shards": int(broken), "val_lost_samples": int(lost)} if broken else {}
+    extra = {"val_broken_shards": int(broken), "val_lost_samples": int(lost)} if broken else {}
+    if per_class:
+        counts = [int(n) for n in all_sum(classes.flatten().tolist(), info)]
+        extra.update(class_samples=counts[:num_classes], class_top1=counts[num_classes:])
     record = {
         "val_loss": loss_sum / count,
         "top1": correct1 / count,
         f"top{topk}": correctk / count,
         "val_samples": int(count),
-        **damaged,
+        **extra,
     }
     return record, keys
+
+
+def evaluate_weights(cfg: Any, path: str | Path, use_ema: bool = False) -> tuple[dict, DistInfo]:
+    """`imagenet-train evaluate`: a weights file or checkpoint (its EMA with `use_ema`) scored on the val shards
+    of `cfg` (the run's Config) by every rank of the launch, each sample once; the record (every rank's) and
+    this rank."""
+    from imagenet_train.datasets.source import run_source
+    from imagenet_train.loading.batches import RunBatches
+    from imagenet_train.training.checkpoint import load_weights
+    from imagenet_train.training.dist import cleanup, init_distributed
+    from imagenet_train.training.ema import ema_weights
+    from imagenet_train.training.parts import build_model
+    from imagenet_train.training.step import amp_dtype
+
+    weights = ema_weights(path) if use_ema else load_weights(path)  # a bad file fails before any process group
+    source = run_source(cfg.data)
+    if not source.val_urls:
+        raise ImagenetTrainError("evaluate: no val shards; expected an index with a val split (or --val-urls)")
+    model = build_model(cfg.run.arch, source.num_classes)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as error:
+        reason = clip(str(error).strip().splitlines()[-1].strip(), 120)
+        raise ImagenetTrainError(
+            f"{path}: weights do not fit --arch {cfg.run.arch} with {source.num_classes} classes ({reason})"
+        ) from None
+    info = init_distributed()
+    try:
+        channels_last = cfg.run.channels_last and info.device.type == "cuda"
+        model = model.to(info.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+        model.eval()
+        # The val loader only; resampled mode keeps the unused train loader from drawing a shard queue.
+        data = dataclasses.replace(cfg.data, mode=Mode.RESAMPLED.value)
+        batches = RunBatches(dataclasses.replace(cfg, data=data), info.rank, info.world, info.device, source, 1)
+        try:
+            record, _ = evaluate(
+                model,
+                batches.val,
+                batches.val_batches(),
+                info,
+                amp_dtype(cfg.run.amp, info.device),
+                channels_last,
+                source.num_classes,
+                tta=cfg.run.val_tta,
+                per_class=True,
+            )
+        finally:
+            batches.close()
+        return record, info
+    finally:
+        cleanup()

@@ -43,6 +43,20 @@ def refuse_uneven_modes(cfg: Config) -> None:
         )
 
 
+def refuse_train_only_settings(cfg: Config) -> None:
+    """The recipe settings only `imagenet-train train` applies, refused rather than silently left out."""
+    optim, run = cfg.optim, cfg.run
+    wanted = {
+        "--model-ema": optim.model_ema,
+        "--mixup-alpha": optim.mixup_alpha > 0,
+        "--cutmix-alpha": optim.cutmix_alpha > 0,
+        "--val-tta": run.val_tta,
+    }
+    given = [name for name, on in wanted.items() if on]
+    if given:
+        raise ImagenetTrainError(f"{', '.join(given)}: not applied under Lightning; use `imagenet-train train`")
+
+
 class EpochBatches:
     """An EpochLoader as Lightning sees it: a sized iterable that reads the trainer's current epoch."""
 
@@ -64,6 +78,7 @@ class ShardDataModule(lightning.LightningDataModule):
         super().__init__()
         cfg.validate()
         refuse_uneven_modes(cfg)
+        refuse_train_only_settings(cfg)
         self.cfg = cfg
         self.source = run_source(cfg.data)
         self.schedule: Schedule | None = None

@@ -26,8 +26,10 @@ from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint, evaluation, models
 from imagenet_train.training.dist import DistInfo
+from imagenet_train.training.ema import ema_scores, final_choice, run_ema, write_final
 from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
 from imagenet_train.training.key_log import consumed_keys
+from imagenet_train.training.mixing import batch_mixing
 from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.preempt import StepVote, StopRequest
 from imagenet_train.training.preflight import preflight_check
@@ -60,8 +62,9 @@ class Trainer:
         optimizer = build_optimizer(cfg.optim, self.model, self.schedule.base_lr)
         self.amp = amp_dtype(run.amp, info.device)
         criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+        mixing = batch_mixing(cfg.optim.mixup_alpha, cfg.optim.cutmix_alpha, source.num_classes)
         self.step = TrainStep(
-            self.model, forward, optimizer, criterion, self.amp, channels_last, cfg.optim.clip_grad_norm
+            self.model, forward, optimizer, criterion, self.amp, channels_last, cfg.optim.clip_grad_norm, mixing
         )
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)
         for advice in self.schedule.advice() if info.is_main else ():  # a large batch with plain SGD, say
@@ -76,6 +79,9 @@ class Trainer:
         self.state = checkpoint.RunState(
             self.run_dir, {"model": self.model, "optimizer": optimizer, "scaler": self.step.scaler}, facts
         )
+        self.ema = run_ema(self.model, cfg.optim, self.schedule)
+        if self.ema:
+            self.state.add("ema", self.ema)
         self.start_epoch, self.position = 0, None  # position: set when resuming inside an epoch
         self.stop_position: Position | None = None  # where a pre-emption stopped the epoch
         self.stop_signal = 0
@@ -142,7 +148,7 @@ class Trainer:
     def _hooks(self, epoch: int, position: Position) -> list[StepHook]:
         """This epoch's per-step extras; the vote comes last, after every hook that may fail has run."""
         info, run, start = self.info, self.cfg.run, position.step
-        hooks: list[StepHook] = []
+        hooks: list[StepHook] = [self.ema.at(epoch * self.schedule.interval)] if self.ema else []
         if self.exact:
             hooks.append(PositionLog(self.run_dir, epoch, info.rank, start, self.vote))
         if run.log_keys:
@@ -218,19 +224,26 @@ class Trainer:
         if self.batches.val is None:
             return {}
         self.model.eval()
-        record, keys = evaluation.evaluate(
-            self.model,
+        record, keys = self._evaluate(self.model, keep_keys=self.cfg.run.log_keys)
+        if self.cfg.run.log_keys:
+            write_keys(self.run_dir, "val", epoch, self.info.rank, keys)
+        if self.ema:
+            record.update(ema_scores(self._evaluate(self.ema.module)[0]))
+        return record
+
+    def _evaluate(self, model: torch.nn.Module, keep_keys: bool = False) -> tuple[dict, list[str]]:
+        evaluation.take_rank0_buffers(model, self.info)
+        return evaluation.evaluate(
+            model,
             self.batches.val,
             self.batches.val_batches(),
             self.info,
             self.amp,
             self.step.channels_last,
             self.source.num_classes,
-            keep_keys=self.cfg.run.log_keys,
+            keep_keys=keep_keys,
+            tta=self.cfg.run.val_tta,
         )
-        if self.cfg.run.log_keys:
-            write_keys(self.run_dir, "val", epoch, self.info.rank, keys)
-        return record
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -250,6 +263,10 @@ class Trainer:
                 self.stop(self.save(epoch - 1, self.stop_position), self.stop_position)
             if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.schedule.epochs:
                 record.update(self.evaluate(epoch))
+            if epoch + 1 == self.schedule.epochs:  # RUN_DIR/final.pt: raw or EMA, whichever scored better
+                record["final_weights"] = final_choice(record, self.ema)
+                if self.info.is_main:
+                    self.vote.guard(write_final, self.run_dir, self.model, self.ema, record)  # settled at the save
             last = self.finish_epoch(epoch, record, started)
         if self.records:
             self.records.close()

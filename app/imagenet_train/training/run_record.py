@@ -68,6 +68,8 @@ def summary(record: dict) -> str:
     parts = [f"epoch {record['epoch']}", f"loss {record['train_loss']:.4f}"]
     if "top1" in record:
         parts.append(f"top1 {record['top1']:.4f}")
+    if "ema_top1" in record:
+        parts.append(f"EMA top1 {record['ema_top1']:.4f}")
     parts += [f"{record['samples_per_s']:.0f} img/s", f"{record['epoch_time_s']:.1f}s"]
     if record["corrupt_samples"]:
         parts.append(f"{record['corrupt_samples']} corrupt samples skipped")

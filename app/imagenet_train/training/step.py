@@ -1,9 +1,11 @@
 """The model as each rank trains it (on the device, under DDP, compiled) and one optimisation step on a device
-batch: normalise, forward under autocast, scaled backward, clip, step."""
+batch: normalise, transform the batch (MixUp/CutMix, when on), forward under autocast, scaled backward, clip,
+step."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -56,8 +58,10 @@ class TrainStep:
         amp: torch.dtype | None,
         channels_last: bool,
         clip_grad_norm: float = 0.0,
+        batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ):
         self.model, self.forward, self.optimizer, self.criterion = model, forward, optimizer, criterion
+        self.batch_transform = batch_transform  # on the normalised device batch (MixUp/CutMix: soft targets)
         self.amp, self.channels_last, self.clip_grad_norm = amp, channels_last, clip_grad_norm
         device = next(model.parameters()).device
         self.device = device
@@ -74,6 +78,8 @@ class TrainStep:
             images, labels = images.expand(2, *images.shape[1:]), labels.expand(2)
         images = normalize(images.to(self.device, non_blocking=True), self.channels_last)
         labels = labels.to(self.device, non_blocking=True)
+        if self.batch_transform is not None:
+            images, labels = self.batch_transform(images, labels)
         with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
             loss = self.criterion(self.forward(images), labels)
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,122 @@
+"""the evaluate command (torchvision's --test-only): a checkpoint or weights file scored on the val shards,
+under torchrun too, written as JSON with per-class accuracy"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from imagenet_train.commands import Parser
+from imagenet_train.config import declaration
+from imagenet_train.declarations import add_flag
+
+# The training settings evaluate takes, with their flags as `train` declares them: where the val shards are
+# and how they are read and cropped, and the model they feed.
+SETTINGS = (
+    "shards",
+    "trust_index",
+    "train_urls",
+    "val_urls",
+    "num_classes",
+    "batch_size",
+    "workers",
+    "train_crop_size",
+    "val_resize_size",
+    "val_crop_size",
+    "decoder",
+    "io_timeout",
+    "on_broken_shard",
+    "cache_dir",
+    "verify_shards",
+    "max_image_pixels",
+    "loader_timeout",
+    "arch",
+    "blurpool",
+    "amp",
+    "channels_last",
+    "val_tta",
+    "run_dir",
+)
+
+
+def _config_from(args: argparse.Namespace):
+    """Defaults, then the `--config` file's settings (a run's config.json repeats its data settings), then flags."""
+    from imagenet_train.config import Config, load_settings
+
+    given = vars(args)
+    chosen = load_settings(args.config_file) if args.config_file else {}
+    cfg = Config()
+    for section in cfg.sections():
+        for name in SETTINGS:
+            if hasattr(section, name):
+                setattr(section, name, given.get(name, chosen.get(name, declaration(name)[0].default)))
+    return cfg.validate()
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The settings' checks before anything starts."""
+    args.config = _config_from(args)
+
+
+def report(record: dict, weights: str, use_ema: bool, val_tta: bool, arch: str) -> dict:
+    """The JSON document of an evaluation: the scores, what was scored, and each class's top-1."""
+    samples, hits = record.pop("class_samples"), record.pop("class_top1")
+    per_class = [
+        {"class": index, "samples": count, "top1": hit / count if count else None}
+        for index, (count, hit) in enumerate(zip(samples, hits, strict=True))
+    ]
+    return {"weights": weights, "ema": use_ema, "arch": arch, "val_tta": val_tta, **record, "per_class": per_class}
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from imagenet_train.training.evaluation import evaluate_weights
+
+    cfg = args.config
+    record, info = evaluate_weights(cfg, args.weights, args.ema)
+    if not info.is_main:
+        return 0
+    document = report(record, args.weights, args.ema, cfg.run.val_tta, cfg.run.arch)
+    text = json.dumps(document, indent=1) + "\n"
+    topk = next(key for key in document if key.startswith("top") and key != "top1")
+    line = (
+        f"evaluate: {args.weights}{' (EMA)' if args.ema else ''}: top1 {document['top1']:.4f} "
+        f"{topk} {document[topk]:.4f} over {document['val_samples']} samples on {info.world} ranks"
+        f"{' with test-time flip' if cfg.run.val_tta else ''}"
+    )
+    if args.out == "-":
+        sys.stdout.write(text)
+        print(line, file=sys.stderr, flush=True)
+        return 0
+    out = Path(args.out or Path(cfg.run.run_dir) / "eval.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"{line}; written to {out}", flush=True)
+    return 0
+
+
+def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
+    """Add `evaluate` to the CLI."""
+    parser: Parser = commands.add_parser(
+        "evaluate",
+        formatter_class=formatter,
+        help="score a checkpoint or weights file on the val shards: top-1/top-5 and per-class accuracy as JSON "
+        "(run under torchrun to split the val shards over ranks)",
+    )
+    parser.add_argument("weights", metavar="FILE", help="a checkpoint, RUN_DIR/final.pt, or a model state dict")
+    parser.add_argument("--ema", action="store_true", help="score the EMA weights a --model-ema checkpoint holds")
+    parser.add_argument(
+        "--out", default="", metavar="FILE", help="JSON report file ('-': stdout; empty: RUN_DIR/eval.json)"
+    )
+    parser.add_argument(
+        "--config",
+        dest="config_file",
+        default="",
+        metavar="FILE",
+        help="settings file, or a run's config.json to read the val shards as that run did; flags override it",
+    )
+    group = parser.add_argument_group("settings (as train takes them)")
+    for name in SETTINGS:
+        add_flag(group, *declaration(name))
+    parser.set_defaults(func=cmd_evaluate, check=_check)

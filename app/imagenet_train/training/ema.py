@@ -1,0 +1,110 @@
+"""--model-ema: an exponential moving average of the weights (torch's AveragedModel, BN buffers included),
+updated by a step hook, saved in every checkpoint, evaluated beside the model; and the run's final weights,
+taken from whichever of the two scored the better top-1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.training import checkpoint
+from imagenet_train.training.hooks import StepHook
+
+PREFIX = "ema_"  # of the EMA's evaluation keys in the epoch record: ema_top1, ema_top5, ema_val_loss
+FINAL = "final.pt"  # RUN_DIR/final.pt: the final weights as a plain state dict
+
+
+def update_decay(decay: float, global_batch: int, every: int, epochs: int) -> float:
+    """The decay per EMA update for `decay` given per sample-epoch, as torchvision's reference adjusts it:
+    1 - min(1, (1 - decay) x global batch x steps per update / epochs)."""
+    return 1.0 - min(1.0, (1.0 - decay) * global_batch * every / epochs)
+
+
+class ModelEma(StepHook):
+    """The EMA of a model's weights and buffers, updated every `every` steps; during the first `warmup` steps
+    of the run (the LR warmup) each update copies the weights instead of averaging them.
+
+    One object serves the whole run: `at(first_step)` tells it where the coming epoch starts in the run."""
+
+    def __init__(self, model: torch.nn.Module, decay: float, every: int, warmup: int):
+        self.model, self.every, self.warmup = model, every, warmup
+        self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+        self.averaged.eval()
+        self.offset = 0  # the run's step at the start of the current epoch
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The averaged copy of the model, for evaluation and the final weights."""
+        return self.averaged.module
+
+    def at(self, first_step: int) -> ModelEma:
+        """This hook for an epoch whose step 0 is the run's step `first_step`."""
+        self.offset = first_step
+        return self
+
+    def after_step(self, step: int) -> bool:
+        """Update the average after every `every`th step of the epoch."""
+        if step % self.every == 0:
+            self.averaged.update_parameters(self.model)
+            if self.offset + step <= self.warmup:
+                self.averaged.n_averaged.zero_()  # the next update copies again
+        return False
+
+    def state_dict(self) -> dict:
+        """The averaged weights and buffers, and the number of updates averaged (for an exact resume)."""
+        return self.averaged.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint's EMA."""
+        self.averaged.load_state_dict(state)
+
+
+def run_ema(model: torch.nn.Module, optim: Any, schedule: Any) -> ModelEma | None:
+    """A run's EMA under --model-ema (None without): the decay per update adjusted for the run's global batch and
+    epochs, copying during the LR warmup (its steps as Schedule.lr counts them). `optim` is config's OptimConfig,
+    `schedule` the run's planning Schedule."""
+    if not optim.model_ema:
+        return None
+    decay = update_decay(optim.model_ema_decay, schedule.global_batch, optim.model_ema_steps, schedule.epochs)
+    return ModelEma(model, decay, optim.model_ema_steps, schedule.warmup_steps)
+
+
+def ema_scores(record: dict) -> dict:
+    """An evaluation record's scores under the EMA's keys (ema_top1, ema_top5, ema_val_loss)."""
+    return {PREFIX + key: value for key, value in record.items() if key == "val_loss" or key.startswith("top")}
+
+
+def ema_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The EMA's weights in a checkpoint of a --model-ema run, as a model's state dict; else one error line."""
+    try:
+        state = checkpoint.load_weights(path, entry="ema")
+    except checkpoint.MissingEntry:
+        raise ImagenetTrainError(
+            f"--ema: {path} holds no EMA weights; expected a checkpoint of a run trained with --model-ema"
+        ) from None
+    return {key.removeprefix("module."): value for key, value in state.items() if key.startswith("module.")}
+
+
+def final_choice(record: dict, ema: ModelEma | None) -> str:
+    """'ema' when the EMA's last top-1 beats the model's, else 'raw'."""
+    if ema is not None and record.get(PREFIX + "top1", -1.0) > record.get("top1", -1.0):
+        return "ema"
+    return "raw"
+
+
+def write_final(run_dir: Path, model: torch.nn.Module, ema: ModelEma | None, record: dict) -> str:
+    """Write RUN_DIR/final.pt from the raw or the EMA weights (the better last top-1); returns which."""
+    choice = final_choice(record, ema)
+    chosen = ema.module if choice == "ema" and ema is not None else model
+    path = Path(run_dir) / FINAL
+    checkpoint.save(chosen.state_dict(), path)
+    if ema is not None and "top1" in record:
+        scores = f"top-1 {record[PREFIX + 'top1']:.4f} EMA, {record['top1']:.4f} raw"
+    else:
+        scores = "no EMA" if ema is None else "no evaluation to compare"
+    print(f"final weights: {'EMA' if choice == 'ema' else 'raw'} ({scores}) in {path}", flush=True)
+    return choice

@@ -1,0 +1,144 @@
+"""--model-ema: the average's closed form, its warmup copy, its decay adjustment, its exact resume through the
+run state, and the final weights taken from the better of the two."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.planning.position import Position
+from imagenet_train.training import checkpoint
+from imagenet_train.training.ema import ModelEma, ema_scores, ema_weights, update_decay, write_final
+
+pytestmark = pytest.mark.unit
+
+
+class Tiny(torch.nn.Module):
+    """One weight and one buffer, both set by hand between steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(2))
+        self.register_buffer("running", torch.zeros(2))
+
+
+def _set(model: Tiny, value: float) -> None:
+    with torch.no_grad():
+        model.weight.fill_(value)
+        model.running.fill_(-value)
+
+
+def test_ema_equals_the_closed_form_after_n_steps():
+    model, decay = Tiny(), 0.75
+    ema = ModelEma(model, decay, every=3, warmup=0).at(0)
+    for step in range(1, 10):  # the weights after step s are s; updates after steps 3, 6, 9
+        _set(model, step)
+        ema.after_step(step)
+    first = 3.0  # the first update copies the weights
+    second = decay * first + (1 - decay) * 6
+    third = decay * second + (1 - decay) * 9
+    assert ema.module.weight.tolist() == pytest.approx([third, third])
+    assert ema.module.running.tolist() == pytest.approx([-third, -third])  # buffers (BN statistics) averaged too
+    assert int(ema.averaged.n_averaged) == 3
+
+
+def test_ema_copies_the_weights_during_lr_warmup():
+    model = Tiny()
+    ema = ModelEma(model, 0.5, every=1, warmup=12).at(10)  # this epoch starts at the run's step 10
+    for step in range(1, 5):  # run steps 11..14: 11 and 12 are warmup
+        _set(model, step)
+        ema.after_step(step)
+        if step <= 3:  # each warmup update copies, and so does the first after it (as torchvision's reset does)
+            assert ema.module.weight.tolist() == [step, step]
+    assert ema.module.weight.tolist() == pytest.approx([0.5 * 3 + 0.5 * 4] * 2)  # then it averages
+
+
+def test_ema_decay_is_adjusted_for_the_global_batch_the_interval_and_the_epochs():
+    assert update_decay(0.99998, 1024, 32, 600) == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
+    assert update_decay(0.9, 1024, 32, 1) == 0.0  # capped: each update copies
+
+
+def _train(model, optimizer, ema, steps: range) -> None:
+    """Steps on fixed data (the same batch for the same step), the EMA hook after each."""
+    for step in steps:
+        generator = torch.Generator().manual_seed(step)
+        x, y = torch.randn(8, 4, generator=generator), torch.randint(0, 3, (8,), generator=generator)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        ema.after_step(step + 1)
+
+
+def _parts(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, optimizer, ModelEma(model, 0.8, every=2, warmup=1)
+
+
+def _state(run_dir, model, optimizer) -> checkpoint.RunState:
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    return checkpoint.RunState(run_dir, {"model": model, "optimizer": optimizer, "scaler": scaler}, {})
+
+
+def test_ema_resumed_mid_epoch_continues_exactly_as_the_uninterrupted_run(tmp_path):
+    model, optimizer, ema = _parts()
+    _train(model, optimizer, ema.at(0), range(10))
+    expected = {key: value.clone() for key, value in ema.state_dict().items()}
+
+    model, optimizer, ema = _parts()
+    state = _state(tmp_path, model, optimizer)
+    state.add("ema", ema)
+    _train(model, optimizer, ema.at(0), range(5))
+    path = state.write(-1, Position(0, 5, [0], 1))
+
+    model, optimizer, ema = _parts(seed=1)  # other initial weights: everything must come from the checkpoint
+    state = _state(tmp_path, model, optimizer)
+    state.add("ema", ema)
+    assert state.restore(path)[0] == 0
+    _train(model, optimizer, ema.at(0), range(5, 10))
+    got = ema.state_dict()
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(got[key], value), key
+
+
+def test_a_checkpoint_without_ema_resumes_into_a_run_with_ema(tmp_path):
+    model, optimizer, _ = _parts()
+    path = _state(tmp_path, model, optimizer).write(0)
+    model, optimizer, ema = _parts(seed=1)
+    state = _state(tmp_path, model, optimizer)
+    state.add("ema", ema)
+    assert state.restore(path) == (1, None)
+    _train(model, optimizer, ema.at(0), range(2))  # the average starts from the resumed weights
+    assert int(ema.averaged.n_averaged) == 1
+    assert "ema" in checkpoint.load(state.write(1))
+
+
+def test_final_weights_come_from_the_better_top1(tmp_path):
+    model, optimizer, ema = _parts()
+    _train(model, optimizer, ema.at(0), range(6))
+    record = {"top1": 0.5, "top5": 0.9, "val_loss": 1.0, **ema_scores({"top1": 0.6, "top5": 0.9, "val_loss": 1.1})}
+    assert write_final(tmp_path, model, ema, record) == "ema"
+    final = checkpoint.load_weights(tmp_path / "final.pt")
+    assert all(torch.equal(final[key], value) for key, value in ema.module.state_dict().items())
+    assert not torch.equal(final["0.weight"], model.state_dict()["0.weight"])
+    record["ema_top1"] = 0.4
+    assert write_final(tmp_path, model, ema, record) == "raw"
+    final = checkpoint.load_weights(tmp_path / "final.pt")
+    assert all(torch.equal(final[key], value) for key, value in model.state_dict().items())
+
+
+def test_ema_weights_come_out_of_a_checkpoint_as_the_model_s_state_dict(tmp_path):
+    model, optimizer, ema = _parts()
+    _train(model, optimizer, ema.at(0), range(4))
+    state = _state(tmp_path, model, optimizer)
+    without = state.write(0)
+    with pytest.raises(ImagenetTrainError, match="--ema: .* holds no EMA weights"):
+        ema_weights(without)
+    state.add("ema", ema)
+    weights = ema_weights(state.write(1))
+    fresh = _parts(seed=3)[0]
+    fresh.load_state_dict(weights)  # strict: exactly the model's keys
+    assert torch.equal(fresh[0].weight, ema.module[0].weight)
