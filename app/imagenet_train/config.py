@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 from imagenet_train.config_checks import check_combinations
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
-from imagenet_train.declarations import Setting, canonical_names, check, declared, flag, problem, setting
-from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.declarations import Setting, check, declared, setting
+from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.resumable import IO_TIMEOUT
 from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, BrokenShardPolicy, Decoder
 from imagenet_train.planning import plan
@@ -369,37 +367,6 @@ def defaults() -> dict[str, Any]:
     return {d.name: d.default for section in SECTIONS for d, _ in declared(section)}
 
 
-def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """A config file's settings, checked: flat names (`batch_size: 64`), or a run's config.json sections."""
-    if set(values) <= {"data", "optim", "run", "derived"} and all(isinstance(v, dict) for v in values.values()):
-        values = {k: v for name in ("data", "optim", "run") for k, v in values.get(name, {}).items()}
-    kinds = {d.name: (type(d.default), rule) for section in SECTIONS for d, rule in declared(section)}
-    renamed = canonical_names(SECTIONS)
-    checked = {}
-    for given, value in values.items():
-        name = renamed.get(given, given)
-        if name in checked or (name != given and name in values):
-            raise ImagenetTrainError(f"{source}: {clip(given)} and {name} name the same setting; expected only {name}")
-        if name not in kinds:
-            raise ImagenetTrainError(
-                f"{source}: unknown setting '{clip(name)}'; expected a `train` option name with underscores, "
-                "e.g. batch_size for --batch-size"
-            )
-        kind, rule = kinds[name]
-        wanted = problem(kind, rule, value)
-        if wanted:
-            raise ImagenetTrainError(f"{source}: {name} ({flag(name)}): expected {wanted}, got '{clip(value)}'")
-        checked[name] = kind(value)
-    return checked
-
-
 def declaration(name: str) -> tuple[dataclasses.Field, Setting]:
     """A declared setting by name, for the commands besides `train` that take its flag (plan, probe, summarize)."""
     return next((d, rule) for section in SECTIONS for d, rule in declared(section) if d.name == name)
-
-
-def load_settings(path: str | Path) -> dict[str, Any]:
-    """The settings in a YAML or JSON config file (`train --config FILE`), checked."""
-    from imagenet_train.yaml_input import read_mapping
-
-    return settings_from(read_mapping(path, "--config"), f"--config {path}")

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from imagenet_train.config import Config, settings_from
+from imagenet_train.config import Config
+from imagenet_train.config_files import settings_from
 from imagenet_train.declarations import flag
 from imagenet_train.errors import ImagenetTrainError
 

@@ -5,7 +5,8 @@ import pytest
 
 from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import _config_from
-from imagenet_train.config import Config, DataConfig, load_settings
+from imagenet_train.config import Config, DataConfig
+from imagenet_train.config_files import load_settings
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.dali import available as dali_available
 from imagenet_train.loading.presets import ValPreset

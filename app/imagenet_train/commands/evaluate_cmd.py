@@ -43,7 +43,8 @@ SETTINGS = (
 
 def _config_from(args: argparse.Namespace):
     """Defaults, then the `--config` file's settings (a run's config.json repeats its data settings), then flags."""
-    from imagenet_train.config import Config, load_settings
+    from imagenet_train.config import Config
+    from imagenet_train.config_files import load_settings
 
     given = vars(args)
     chosen = load_settings(args.config_file) if args.config_file else {}
@@ -71,6 +72,7 @@ def report(record: dict, weights: str, use_ema: bool, val_tta: bool, arch: str) 
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Evaluate the weights on the val shards; write the JSON report and print the summary line."""
     from imagenet_train.training.evaluation import evaluate_weights
 
     cfg = args.config

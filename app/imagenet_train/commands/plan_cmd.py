@@ -30,7 +30,8 @@ def _settings(args: argparse.Namespace) -> None:
     """Fill each training setting plan takes: the flag given, else the --config file's value, else the default.
 
     A --config FILE that sets global_batch_size (a recipe) gives each of the planned ranks its share."""
-    from imagenet_train.config import defaults, load_settings
+    from imagenet_train.config import defaults
+    from imagenet_train.config_files import load_settings
 
     chosen = load_settings(args.config_file) if args.config_file else {}
     default = defaults()

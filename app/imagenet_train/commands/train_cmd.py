@@ -36,7 +36,8 @@ def _add_options(train: argparse.ArgumentParser) -> None:
 
 def _config_from(args: argparse.Namespace):
     """Defaults, then the `--config` file's settings, then the flags given."""
-    from imagenet_train.config import Config, load_settings
+    from imagenet_train.config import Config
+    from imagenet_train.config_files import load_settings
 
     given = vars(args)
     chosen = load_settings(given["config_file"]) if given.get("config_file") else {}

@@ -113,6 +113,10 @@ class Schedule:
         """Epochs of warmup, with -1 (auto) resolved for the global batch."""
         return optimization.warmup_epochs(self.warmup_epochs, self.global_batch)
 
+    def facts(self) -> dict[str, float]:
+        """What a checkpoint records of the schedule it was taken under."""
+        return {"base_lr": self.base_lr, "epochs": self.epochs, "total_batches": self.total}
+
     @property
     def warmup_steps(self) -> int:
         """Optimizer steps until the warmup's samples are seen (what an EMA copies through)."""

@@ -206,9 +206,11 @@ def prune_steps(run_dir: str, keep: Path) -> None:
 class Stateful(Protocol):
     """Anything with torch's state-dict pair: a module, an optimizer, a grad scaler, an EMA."""
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self) -> dict:
+        """The part's state, as tensors and plain data."""
 
-    def load_state_dict(self, state: dict) -> Any: ...
+    def load_state_dict(self, state: dict) -> Any:
+        """Restore the part from what state_dict gave."""
 
 
 class RunState:

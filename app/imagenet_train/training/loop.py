@@ -34,7 +34,7 @@ from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.preempt import StepVote, StopRequest
 from imagenet_train.training.preflight import preflight_check
 from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
-from imagenet_train.training.results_mirror import ResultsMirror, fetch_for_resume
+from imagenet_train.training.results_mirror import ResultsMirror
 from imagenet_train.training.run_record import EpochRecords, derived, write_config
 from imagenet_train.training.step import TrainStep, amp_dtype, distribute
 from imagenet_train.training.tally import EpochTally
@@ -70,12 +70,7 @@ class Trainer:
         for advice in self.schedule.advice() if info.is_main else ():  # a large batch with plain SGD, say
             log.warning("pre-flight: %s", advice)
         self.batches = RunBatches(cfg, info.rank, info.world, info.device, source, self.schedule.epoch_batches(0))
-        schedule = {
-            "base_lr": self.schedule.base_lr,
-            "epochs": self.schedule.epochs,
-            "total_batches": self.schedule.total,
-        }
-        facts = {"schedule": schedule, "config": json.loads(cfg.to_json())}
+        facts = {"schedule": self.schedule.facts(), "config": json.loads(cfg.to_json())}
         self.state = checkpoint.RunState(
             self.run_dir, {"model": self.model, "optimizer": optimizer, "scaler": self.step.scaler}, facts
         )
@@ -95,12 +90,9 @@ class Trainer:
         if not run.resume:
             return
         if run.resume == "latest" and run.results:
-            if info.local_rank == 0:
-                fetched = fetch_for_resume(run.results, self.run_dir, self.cfg.data.io_timeout)
-                if info.is_main:
-                    print(f"fetched {fetched} files from {run.results} to resume", flush=True)
+            self.mirror.fetch_for_resume(info.is_main)
             if info.enabled:
-                dist.barrier()
+                dist.barrier()  # every node's local rank 0 has fetched before any rank looks for the checkpoint
         path = checkpoint.latest(str(self.run_dir)) if run.resume == "latest" else Path(run.resume)
         if path is None:
             if info.is_main:

@@ -103,8 +103,15 @@ class ResultsMirror:
     and without --results."""
 
     def __init__(self, run_dir: str | Path, url: str, io_timeout: float, local_rank: int):
-        self.run_dir, self.url, self.io_timeout = Path(run_dir), url, io_timeout
+        self.run_dir, self.url, self.io_timeout, self.local_rank = Path(run_dir), url, io_timeout, local_rank
         self.uploader = ResultsUploader(run_dir, url, io_timeout) if url and local_rank == 0 else None
+
+    def fetch_for_resume(self, say: bool) -> None:
+        """--resume latest: bring the run's files from the bucket first (one rank per node fetches)."""
+        if self.local_rank == 0:
+            fetched = fetch_for_resume(self.url, self.run_dir, self.io_timeout)
+            if say:
+                print(f"fetched {fetched} files from {self.url} to resume", flush=True)
 
     def sync(self) -> None:
         """Start uploading what changed in the run directory."""
