@@ -20,7 +20,7 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench docs clean build push shell docker-run
+.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench recipes docs clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
@@ -31,6 +31,7 @@ help:
 	@echo "make lint   - ruff"
 	@echo "make docs   - the documentation site (MkDocs, strict) into site/"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into docs/benchmarks.md"
+	@echo "make recipes - today's defaults against recipes/small-images.yaml on the digits, several seeds, into docs/benchmarks.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
 	@echo "make build push [REGISTRY=.. IMAGE=.. TAG=..] - build and push the training image"
 	@echo "make shell / make docker-run - a shell in the image / the 2-GPU job in a container"
@@ -142,6 +143,10 @@ docker-run:
 	  launch --nproc-per-node $(GPUS) -- train --shards /shards --run-dir /results/$(TAG) $(ARGS)
 
 # P1-P5 side by side on this machine into docs/benchmarks.md (P6 needs a GPU: see bench/gpu.py).
+# Today's default recipe against recipes/small-images.yaml on the digits demo data: same world, epochs and seeds.
+recipes: venv system-deps
+	$(BIN)/python bench/recipes.py --out docs/benchmarks.md
+
 bench: venv system-deps
 	$(BIN)/python bench/benchmarks_page.py --workdir bench/.work --out docs/benchmarks.md
 
