@@ -36,7 +36,7 @@ def train(shards: str, run_dir: Path, epochs: int, seed: int, nproc: int, recipe
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"),
         *("-m", "imagenet_train.cli", "train", "--shards", shards, "--run-dir", str(run_dir)),
-        *("--epochs", str(epochs), "--seed", str(seed), "--workers", "1", "--tensorboard", "false"),
+        *("--epochs", str(epochs), "--seed", str(seed), "--workers", "1", "--no-tensorboard"),
         *recipe,
     ]
     started = time.time()
