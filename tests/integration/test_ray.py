@@ -102,10 +102,39 @@ def test_ray_workers_train_the_digits_and_a_killed_worker_resumes_from_the_lates
     ray_cluster, shard_server, tmp_path
 ):
     run_dir = tmp_path / "run"
-    command = [IMAGENET_TRAIN, "ray", "--address", ray_cluster.address, "--workers", "2", "--max-failures", "2",
-               "--", "train", "--shards", f"{shard_server.url}/shards.json", "--run-dir", str(run_dir),
-               "--epochs", "3", "--epoch-batches", "12", "--checkpoint-every", "4", *SMALL_TRAIN, "--workers", "1",
-               "--lr", "0.4", "--label-smoothing", "0", "--min-crop-scale", "0.5"]  # fmt: skip
+    command = [
+        IMAGENET_TRAIN,
+        "ray",
+        "--address",
+        ray_cluster.address,
+        "--workers",
+        "2",
+        "--max-failures",
+        "2",
+        "--",
+        "train",
+        "--shards",
+        f"{shard_server.url}/shards.json",
+        "--run-dir",
+        str(run_dir),
+        "--epochs",
+        "3",
+        "--epoch-batches",
+        "12",
+        "--checkpoint-every",
+        "4",
+        *SMALL_TRAIN,
+        "--workers",
+        "1",
+        "--lr",
+        "0.4",
+        "--label-smoothing",
+        "0",
+        "--min-crop-scale",
+        "0.5",
+        "--warmup-epochs",
+        "0.5",
+    ]  # fmt: skip (0.5 epochs: the 12 steps warmup took when it counted intervals)
     process = subprocess.Popen(
         command, env=ray_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
