@@ -102,14 +102,14 @@ def evaluate_weights(cfg: Any, path: str | Path, use_ema: bool = False) -> tuple
     from imagenet_train.training.checkpoint import load_weights
     from imagenet_train.training.dist import cleanup, init_distributed
     from imagenet_train.training.ema import ema_weights
-    from imagenet_train.training.parts import build_model
+    from imagenet_train.training.models import architecture
     from imagenet_train.training.step import amp_dtype
 
     weights = ema_weights(path) if use_ema else load_weights(path)  # a bad file fails before any process group
     source = run_source(cfg.data)
     if not source.val_urls:
         raise ImagenetTrainError("evaluate: no val shards; expected an index with a val split (or --val-urls)")
-    model = build_model(cfg.run.arch, source.num_classes)
+    model = architecture(cfg.run, source.num_classes)
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:

@@ -28,13 +28,20 @@ def create(run: RunConfig, num_classes: int, is_main: bool = True) -> torch.nn.M
     --resume does, and it holds under launchers whose strategy does not broadcast. --resume, applied after
     this, replaces every tensor, so a resumed run keeps its checkpoint's weights.
     """
-    model = build_model(run.arch, num_classes, run.zero_init_residual)
-    if run.blurpool:
-        apply_blurpool(model, run.arch)
+    model = architecture(run, num_classes)
     if run.weights:
         note = load_into(model, run.weights, WeightsHead(run.weights_head))
         if note and is_main:
             print(note, flush=True)
+    return model
+
+
+def architecture(run: RunConfig, num_classes: int) -> torch.nn.Module:
+    """The run's network before any weights are loaded: --arch, zero-inited as asked, with --blurpool's layers
+    (so a checkpoint of a blurred model loads into it)."""
+    model = build_model(run.arch, num_classes, run.zero_init_residual)
+    if run.blurpool:
+        apply_blurpool(model, run.arch)
     return model
 
 
