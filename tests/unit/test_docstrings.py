@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "app" / "imagenet_train"
 SKIPPED: set[str] = set()  # files the check skips (none: every public function has its docstring)
 

@@ -243,9 +243,9 @@ def _defines(module: str, attribute: str) -> bool:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == attribute for t in targets):
                 return True
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any((alias.asname or alias.name.split(".")[0]) == attribute for alias in node.names):
-                return True
+        imports = node.names if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+        if any((alias.asname or alias.name.split(".")[0]) == attribute for alias in imports):
+            return True
         if isinstance(node, (ast.If, ast.Try)) and attribute in ast.unparse(node):  # guarded definitions
             return True
     return False
