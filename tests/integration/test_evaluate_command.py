@@ -73,9 +73,9 @@ def test_evaluate_gives_the_same_top1_as_the_end_of_training(tiny_shards, tmp_pa
 
 
 def test_evaluate_on_two_ranks_counts_every_val_sample_once(tiny_shards, tmp_path):
-    """Trained on two ranks with AMP, MixUp/CutMix and EMA; evaluated on two ranks: the training's top-1."""
+    """Trained on two ranks with AMP, MixUp/CutMix, EMA and BlurPool; evaluated on two ranks: the training's top-1."""
     run_dir = tmp_path / "run"
-    mixing = ["--cutmix-alpha", "1.0", "--amp", "bf16"]
+    mixing = ["--cutmix-alpha", "1.0", "--amp", "bf16", "--blurpool"]  # BlurPool: evaluate builds the same network
     trained = torchrun(["--shards", str(tiny_shards), "--run-dir", str(run_dir), *TRAIN, *RECIPE, *mixing])
     assert trained.returncode == 0, trained.stderr[-3000:]
     last = read_metrics(run_dir)[-1]
