@@ -17,6 +17,7 @@ import torch
 from integration.test_gcs import BUCKET, emulator  # noqa: F401 (a fixture: a real gcp-storage-emulator)
 
 from imagenet_train.datasets.source import resolve_source
+from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import resumable
 from imagenet_train.loading.epochstate import EpochState, EpochStateFile, read_epoch_state
 from imagenet_train.loading.presets import ValPreset
@@ -145,6 +146,20 @@ def test_another_user_cannot_swap_the_loaders_epoch_state(nobody_python, shared_
     assert read_epoch_state(state_file.path) == wanted
     assert not marker.exists(), "a worker unpickled the other user's file"
     assert "wrote" not in rewritten
+    state_file.close()
+
+
+def test_the_epoch_state_works_in_a_setgid_tmpdir_and_is_refused_once_others_may_enter(tmp_path, monkeypatch):
+    # A pod's /tmp under fsGroup is setgid (the kubelet's doing): the state folder inherits the bit (02700).
+    tmp_path.chmod(0o2777)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    state_file = EpochStateFile()
+    assert os.stat(state_file.folder).st_mode & 0o7777 == 0o2700
+    state_file.write(EpochState(1, frozenset(), "", None))
+    assert read_epoch_state(state_file.path).epoch == 1
+    os.chmod(state_file.folder, 0o2750)  # the group may now enter: refused, naming the folder
+    with pytest.raises(ImagenetTrainError, match=f"{state_file.folder}: expected a private directory"):
+        read_epoch_state(state_file.path)
     state_file.close()
 
 

@@ -100,7 +100,9 @@ def read_epoch_state(path: str) -> EpochState:
 def _check_private(folder: str) -> None:
     """The folder is a real directory of this user that no one else may enter; else an error naming it."""
     info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) != 0o700:
+    # Group and other bits only: under a pod's fsGroup the kubelet makes the volume setgid, and the
+    # folder mkdtemp makes in it inherits that bit (02700), which lets no one else in.
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
         raise ImagenetTrainError(f"{folder}: expected a private directory of this user (mode 0700), refused")
 
 
