@@ -15,7 +15,7 @@ import pytest
 
 from imagenet_train.datasets.source import resolve_source
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io import gcs, storage
+from imagenet_train.io import gcs, storage, transfer
 from imagenet_train.loading.presets import ValPreset
 from imagenet_train.loading.stages import ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
@@ -263,7 +263,25 @@ def test_results_uploader_mirrors_changes_and_reports_a_missing_bucket(emulator,
     ]
     broken = ResultsUploader(run_dir, "gs://no-such-bucket-y/run", io_timeout=5)
     broken.sync()
-    assert broken.finish(timeout=30) == ["checkpoints/epoch-0000.pt", "metrics.jsonl"]  # named, not raised
+    assert broken.finish(timeout=30) == ["metrics.jsonl", "checkpoints/epoch-0000.pt"]  # named, not raised
+
+
+def test_a_resume_keeps_every_epochs_line_from_the_bucket_and_from_this_node(emulator, tmp_path):
+    """The bucket lags this node (its last line not uploaded yet), and this node can lag the bucket (rank 0 ran on
+    another node meanwhile): after the fetch, metrics.jsonl holds every epoch either had, once, in order."""
+    from imagenet_train.training.results_mirror import fetch_for_resume
+
+    url = f"gs://{BUCKET}/merge"
+    bucket = tmp_path / "bucket"
+    (bucket / "checkpoints").mkdir(parents=True)
+    (bucket / "metrics.jsonl").write_text('{"epoch": 0, "top1": 0.1}\n{"epoch": 2, "top1": 0.3}\n')
+    (bucket / "checkpoints" / "epoch-0002.pt").write_bytes(b"weights")
+    transfer.upload_tree(str(bucket), url)
+    here = tmp_path / "run"
+    here.mkdir()
+    (here / "metrics.jsonl").write_text('{"epoch": 0, "top1": 0.1}\n{"epoch": 1, "top1": 0.2}\n')
+    assert fetch_for_resume(url, here) == 2  # the bucket's checkpoint and its metrics.jsonl
+    assert [json.loads(line)["top1"] for line in (here / "metrics.jsonl").read_text().splitlines()] == [0.1, 0.2, 0.3]
 
 
 def test_an_upload_killed_midway_resumes_from_the_last_chunk_in_a_new_process(emulator, tmp_path):

@@ -101,7 +101,8 @@ class Trainer:
         if not path.is_file():
             raise ImagenetTrainError(f"--resume: checkpoint {path} does not exist")
         self.start_epoch, self.position = self.state.restore(path)
-        if info.is_main:
+        if self.records:
+            self.records.keep_before(self.start_epoch)  # the epochs from here are trained again
             where = f", step {self.position.step}" if self.position else ""
             print(f"resumed from {path}: continuing at epoch {self.start_epoch}{where}", flush=True)
 
@@ -275,11 +276,11 @@ class Trainer:
         record["replicas_in_sync"] = replicas_in_sync(self.model, self.step.optimizer, self.info)
         record["epoch_time_s"] = round(time.time() - started, 3)
         record["samples_per_s"] = round(record["train_samples"] / max(record["epoch_time_s"], 1e-9), 1)
-        path = self.save(epoch)
-        if self.records:
+        if self.records:  # before the checkpoint: a checkpoint of an epoch implies its line (see run_record)
             self.records.write(record, sum(self.schedule.epoch_batches(e) for e in range(epoch + 1)))
             if not record["replicas_in_sync"]:
                 log.error("replicas diverged at epoch %d: weights differ across ranks", epoch)
+        path = self.save(epoch)
         self.mirror.sync()
         verdict, _ = self.vote.settle()  # a signal during evaluation or the checkpoint stops here
         if verdict.signum or self.stop_signal:

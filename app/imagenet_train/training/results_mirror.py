@@ -16,8 +16,14 @@ from pathlib import Path
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs, transfer
 from imagenet_train.io.resumable import IO_TIMEOUT
+from imagenet_train.training.run_record import METRICS, epoch_lines, merge_fetched
 
 log = logging.getLogger(__name__)
+
+
+def upload_order(path: Path) -> tuple[bool, Path]:
+    """Checkpoints (*.pt) after every other file, each group by name."""
+    return path.suffix == ".pt", path
 
 
 class ResultsUploader:
@@ -56,8 +62,10 @@ class ResultsUploader:
         ]
 
     def _files(self) -> list[tuple[Path, tuple[int, int]]]:
+        """The run directory's files with their (size, mtime), checkpoints last: a checkpoint in the bucket
+        then always has the metrics lines of the epochs before it there too."""
         found = []
-        for path in sorted(p for p in self.run_dir.rglob("*") if p.is_file()):
+        for path in sorted((p for p in self.run_dir.rglob("*") if p.is_file()), key=upload_order):
             if ".tmp" in path.name or ".part" in path.name:
                 continue
             try:
@@ -91,11 +99,16 @@ class ResultsUploader:
 
 
 def fetch_for_resume(url: str, run_dir: str | Path, io_timeout: float = IO_TIMEOUT) -> int:
-    """Bring a run's files from the bucket into the run directory before resuming; 0 when none exist."""
+    """Bring a run's files from the bucket into the run directory before resuming; 0 when none exist.
+    metrics.jsonl is merged epoch by epoch with the one already here, not replaced."""
     os.makedirs(run_dir, exist_ok=True)
     if not gcs.listing(url.rstrip("/") + "/", io_timeout):
         return 0
-    return transfer.sync_tree(url, str(run_dir), io_timeout=io_timeout)
+    metrics = Path(run_dir) / METRICS
+    local = epoch_lines(metrics)
+    fetched = transfer.sync_tree(url, str(run_dir), io_timeout=io_timeout)
+    merge_fetched(metrics, local)
+    return fetched
 
 
 class ResultsMirror:

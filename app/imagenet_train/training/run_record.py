@@ -1,5 +1,9 @@
 """What a run writes about itself in its run directory (rank 0): config.json with the derived values,
-one metrics.jsonl line and one summary line per epoch, and the TensorBoard events."""
+one metrics.jsonl line and one summary line per epoch, and the TensorBoard events.
+
+metrics.jsonl holds whole lines only (each write replaces the file atomically), one per epoch up to the newest
+checkpoint: the line is written before its epoch's checkpoint, and a resume drops the lines of the epochs it
+is about to train again, so a kill between the two neither loses an epoch's line nor repeats it."""
 
 from __future__ import annotations
 
@@ -10,9 +14,14 @@ from typing import Any
 import torch
 
 from imagenet_train.datasets.source import DataSource
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io.atomic import atomic_write
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.events import EpochEvents
+
+METRICS = "metrics.jsonl"
+MAX_METRICS_BYTES = 64 << 20  # a line per epoch is a few hundred bytes; a bigger file is not one we wrote
 
 
 def write_config(run_dir: Path, config_json: str, derived: dict[str, Any]) -> None:
@@ -51,16 +60,58 @@ class EpochRecords:
 
     def write(self, record: dict, global_step: int) -> None:
         """Record one epoch's metrics, `global_step` steps into the run."""
-        with open(self.run_dir / "metrics.jsonl", "a") as stream:
-            stream.write(json.dumps(record) + "\n")
+        path = self.run_dir / METRICS
+        lines = epoch_lines(path)
+        lines[record["epoch"]] = json.dumps(record).encode() + b"\n"
+        write_lines(path, lines)
         print(summary(record), flush=True)
         if self.events:
             self.events.write(record, global_step)
+
+    def keep_before(self, epoch: int) -> None:
+        """A resume at `epoch`: drop the lines of that epoch and later, which the run trains again."""
+        path = self.run_dir / METRICS
+        if path.is_file():
+            write_lines(path, {e: line for e, line in epoch_lines(path).items() if e < epoch})
 
     def close(self) -> None:
         """Flush and close the event files."""
         if self.events:
             self.events.close()
+
+
+def epoch_lines(path: Path) -> dict[int, bytes]:
+    """metrics.jsonl's lines by epoch ({} when there is no file); the last line of an epoch wins."""
+    if not path.is_file():
+        return {}
+    if path.stat().st_size > MAX_METRICS_BYTES:
+        raise ImagenetTrainError(f"{path}: larger than {MAX_METRICS_BYTES >> 20} MiB; not a metrics file of ours")
+    lines: dict[int, bytes] = {}
+    for number, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
+        try:
+            epoch = json.loads(line)["epoch"] if line.strip() else None
+        except (ValueError, TypeError, KeyError, RecursionError):
+            epoch = ""
+        if epoch is None:
+            continue
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ImagenetTrainError(f"{path} line {number}: expected a JSON object with a whole-number 'epoch'")
+        lines[epoch] = line if line.endswith(b"\n") else line + b"\n"
+    return lines
+
+
+def write_lines(path: Path, lines: dict[int, bytes]) -> None:
+    """Replace metrics.jsonl, in one step, with these lines in epoch order."""
+    with atomic_write(path) as stream:
+        stream.write(b"".join(lines[epoch] for epoch in sorted(lines)))
+
+
+def merge_fetched(path: Path, local: dict[int, bytes]) -> None:
+    """After a resume fetched metrics.jsonl from the bucket over `local` (this node's lines before the fetch):
+    every epoch either copy holds. The bucket lags this node's own writes, and this node's copy can be older
+    than the bucket's when rank 0 ran elsewhere meanwhile; neither may lose the other's lines."""
+    if local:
+        write_lines(path, {**epoch_lines(path), **local})
 
 
 def summary(record: dict) -> str:
