@@ -5,13 +5,5 @@ their rank (PR_SET_PDEATHSIG), and the loader kills any that outlive its shutdow
 
 import signal
 
-LEFT_TO_THE_RANK = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-
-def leave_to_the_rank() -> None:
-    """Ignore the pre-emption signals in this loader process."""
-    for number in LEFT_TO_THE_RANK:
-        signal.signal(number, signal.SIG_IGN)
-
-
-leave_to_the_rank()
+for _number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+    signal.signal(_number, signal.SIG_IGN)

@@ -92,11 +92,7 @@ def die_with_parent() -> None:
 def worker_init(_: int) -> None:
     """Run first in every DataLoader worker: die with the forkserver, leave pre-emption signals to the rank."""
     die_with_parent()
-    from imagenet_train.loading.loader_signals import leave_to_the_rank
-
-    # Called, not left to the import: a forkserver child has the module imported already, and torch's worker
-    # loop has just installed its own SIGTERM handler, which dies of a signal its parent did not send.
-    leave_to_the_rank()
+    from imagenet_train.loading import loader_signals  # noqa: F401 (its import sets the dispositions; also without a forkserver)
 
 
 def stop_workers(batches) -> None:
