@@ -264,3 +264,23 @@ def test_slurms_signal_to_every_loader_process_leaves_the_loader_and_its_helpers
     assert process.returncode == 0, stderr
     assert int(stdout) == 1438  # every sample of the epoch
     assert "resource_tracker" not in stderr and "Traceback" not in stderr, stderr
+
+
+def test_loader_workers_outlive_a_pre_emption_signal_sent_to_the_whole_process_group(digit_shards):
+    # torchrun stops a rank with killpg and Slurm signals every process of a step; the rank finishes its step
+    # and saves, so its workers must go on serving batches. torch's worker loop installs a SIGTERM handler that
+    # dies of a signal its parent did not send: the worker's init must set the disposition after it.
+    source = resolve_source(str(digit_shards))
+    stream = ShardStream(urls=source.train_urls, transform=TrainPreset(32).build(), batch_size=8, resampled=True)
+    loader = EpochLoader(stream, workers=2, batches=6)
+    try:
+        batches = iter(loader)
+        next(batches)
+        workers = [worker.pid for worker in loader.loader._iterator._workers]
+        for pid in workers:
+            os.kill(pid, signal.SIGTERM)  # from this process: not the worker's parent (the forkserver)
+        time.sleep(0.5)
+        assert len(list(batches)) == 5  # the rest of the epoch, from the same workers
+        assert [worker.pid for worker in loader.loader._iterator._workers if worker.is_alive()] == workers
+    finally:
+        loader.close()

@@ -5,5 +5,17 @@ their rank (PR_SET_PDEATHSIG), and the loader kills any that outlive its shutdow
 
 import signal
 
-for _number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-    signal.signal(_number, signal.SIG_IGN)
+LEFT_TO_THE_RANK = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def leave_to_the_rank() -> None:
+    """Ignore the pre-emption signals in this loader process (and take any that came meanwhile as ignored)."""
+    for number in LEFT_TO_THE_RANK:
+        signal.signal(number, signal.SIG_IGN)  # discards one that is pending
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_THE_RANK)
+
+
+leave_to_the_rank()
+# The forkserver's children are born with these signals blocked: torch's worker loop installs a SIGTERM handler
+# of its own before the worker's init ignores the signal again, and one sent in between then waits instead.
+signal.pthread_sigmask(signal.SIG_BLOCK, LEFT_TO_THE_RANK)

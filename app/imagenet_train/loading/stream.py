@@ -25,7 +25,13 @@ from imagenet_train.loading.stages import (
     read_shards,
     shuffled,
 )
-from imagenet_train.loading.workers import main_script_hidden, stop_workers, worker_context, worker_init
+from imagenet_train.loading.workers import (
+    main_script_hidden,
+    stop_workers,
+    track_workers,
+    worker_context,
+    worker_init,
+)
 from imagenet_train.planning import plan
 
 
@@ -231,6 +237,7 @@ class EpochLoader:
             self.state.write(self.stream.epoch_state())
         with main_script_hidden():
             batches = iter(self._data_loader())  # starts the workers (the first time, when they persist)
+        track_workers(batches)
         try:
             yield from itertools.islice(batches, self.batches) if self.batches else batches
         except RuntimeError as error:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator
 
 # What the forkserver imports once, before it forks any worker. The first two only set up the forkserver
 # itself (signal dispositions, death with its rank); the epoch stream pulls in torch and the stages, so a
@@ -30,11 +33,15 @@ def worker_context() -> multiprocessing.context.BaseContext:
     if not _preloaded:
         start_resource_tracker()
         context.set_forkserver_preload(FORKSERVER_PRELOAD)
+        # Registered after multiprocessing's own exit handler (imported above), so it runs first: that handler
+        # sends SIGTERM to every daemon child and joins it, which would wait forever on a loader worker.
+        atexit.register(kill_started_workers)
         _preloaded.append(True)
     return context
 
 
 _preloaded: list = []
+_started: weakref.WeakSet = weakref.WeakSet()  # every DataLoader worker process this process started
 
 
 def start_resource_tracker() -> None:
@@ -92,7 +99,16 @@ def die_with_parent() -> None:
 def worker_init(_: int) -> None:
     """Run first in every DataLoader worker: die with the forkserver, leave pre-emption signals to the rank."""
     die_with_parent()
-    from imagenet_train.loading import loader_signals  # noqa: F401 (its import sets the dispositions; also without a forkserver)
+    from imagenet_train.loading.loader_signals import leave_to_the_rank
+
+    # Called, not left to the import: a forkserver child has the module imported already, and torch's worker
+    # loop has just installed its own SIGTERM handler, which dies of a signal its parent did not send.
+    leave_to_the_rank()
+
+
+def track_workers(batches) -> None:
+    """Note a DataLoader iterator's worker processes, for `kill_started_workers` at exit."""
+    _started.update(getattr(batches, "_workers", []))
 
 
 def stop_workers(batches) -> None:
@@ -100,7 +116,21 @@ def stop_workers(batches) -> None:
     shutdown = getattr(batches, "_shutdown_workers", None)
     if shutdown:
         shutdown()
-    for worker in getattr(batches, "_workers", []):
-        if worker.is_alive():  # it ignores SIGTERM (loader_signals), so torch's terminate() cannot end it
+    _kill(getattr(batches, "_workers", []))
+
+
+def kill_started_workers() -> None:
+    """Kill the loader workers still alive as this process exits.
+
+    A worker ignores SIGTERM (loader_signals), so the terminate() of torch's shutdown does not end one that
+    is stuck, say reading from a stalled shard server, and a run that fails there would otherwise hang in
+    multiprocessing's exit handler, which joins every child it terminated.
+    """
+    _kill(list(_started))
+
+
+def _kill(workers: Iterable[multiprocessing.process.BaseProcess]) -> None:
+    for worker in workers:
+        if worker.is_alive():
             worker.kill()
             worker.join(timeout=5)
