@@ -160,6 +160,29 @@ def test_queue_mode_in_one_process_hands_every_shard_to_exactly_one_worker(digit
         assert len(seen) == 1438 and set(seen.values()) == {1}
 
 
+class _Counter:
+    """One queue for every rank of the test, as the job's store is."""
+
+    def __init__(self):
+        self.claims = 0
+
+    def claim(self, epoch: int) -> int:
+        self.claims += 1
+        return self.claims - 1
+
+
+@pytest.mark.parametrize("shards", [3, 4, 9])
+def test_queue_mode_gives_every_worker_of_a_late_rank_a_shard_of_its_own(shards):
+    # Rank 1's workers start first and read until the queue is empty; rank 0's start after them.
+    urls, queue = [f"shard-{n}.tar" for n in range(shards)], _Counter()
+    ranks = [stream(urls, rank, 2, queue=queue) for rank in (0, 1)]
+    early = [list(ranks[1].shard_urls(worker, 2)) for worker in (0, 1)]
+    late = [list(ranks[0].shard_urls(worker, 2)) for worker in (0, 1)]
+    read = [url for worker in (*early, *late) for url in worker]
+    assert sorted(read) == sorted(urls)  # every shard once
+    assert [len(worker) for worker in late] == [1, 1]  # the rank that started last still has work
+
+
 class _NeedsEndpoint:
     """A transform that fails (so the sample counts as corrupt) unless the worker sees AIS_ENDPOINT."""
 

@@ -45,7 +45,8 @@ class ShardStream(IterableDataset):
     """One rank's stream of batches, built in each DataLoader worker.
 
     `resampled`: each worker draws shards at random with replacement, forever (the loader sets the
-    epoch length). With a `queue`, workers claim the next shard of the epoch's order at run time.
+    epoch length). With a `queue`, each worker reads one shard of its own (its first in split mode), then
+    claims the next unread shard of the epoch's order at run time.
     Otherwise shards are permuted per epoch identically on all ranks, then split over ranks and
     workers. Both of the latter read every sample exactly once per epoch.
     """
@@ -100,8 +101,12 @@ class ShardStream(IterableDataset):
             plan.epoch_order(len(self.urls), self.seed, self.epoch) if self.shuffle_shards else range(len(self.urls))
         )
         if self.queue is not None:
-            while (position := self.queue.claim(self.epoch)) < len(self.urls):
+            # Without a shard of its own to start with, a rank whose workers start late found every shard of a
+            # small epoch claimed and took no step (and rank 0 alone writes the mid-epoch checkpoints).
+            position = plan.queue_first_shard(self.rank, self.world, worker, workers)
+            while position < len(self.urls):
                 yield self.urls[order[position]]
+                position = self.world * workers + self.queue.claim(self.epoch)
             return
         for _ in range(self.repeat):
             for shard in plan.worker_shards(list(order), self.rank, self.world, worker, workers):

@@ -59,6 +59,13 @@ def worker_shards(order: Sequence[int], rank: int, world: int, worker: int, work
     return assigned(assigned(order, rank, world), worker, workers)
 
 
+def queue_first_shard(rank: int, world: int, worker: int, workers: int) -> int:
+    """Queue mode: the position in the epoch's order a worker reads before it claims any, its first in split
+    mode. Claims hand out the positions from `world * workers` on, so every worker of every rank has a shard
+    however fast its peers start."""
+    return worker * world + rank
+
+
 def batches_for(samples: int, batch_size: int) -> tuple[int, int]:
     """(full, partial) batches a worker makes of `samples`; a lone leftover sample joins the last full batch."""
     full, rest = divmod(samples, batch_size)
