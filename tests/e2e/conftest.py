@@ -8,7 +8,6 @@ release.py is Helm. The bucket is gcp-storage-emulator, started here on the clus
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import warnings
@@ -19,12 +18,10 @@ import imagebuild
 import pytest
 import reports
 
-from imagenet_train.io import gcs
-
 from .cluster import Cluster, sweep_abandoned
 from .release import Release
 from .runs import BUCKET, SHARDS, Row, report_path, values
-from conftest import local_service
+from conftest import gcs_emulator
 
 
 @pytest.fixture(scope="session")
@@ -44,19 +41,11 @@ def cluster(training_image, tmp_path_factory):
 def emulator(cluster, digit_shards) -> str:
     """gcp-storage-emulator on the cluster's gateway (the pods' way to the host), the digit shards uploaded to
     gs://e2e/shards; STORAGE_EMULATOR_HOST points this process at it too."""
-    with socket.socket() as probe:
-        probe.bind((cluster.gateway, 0))
-        port = probe.getsockname()[1]
-    host = f"http://{cluster.gateway}:{port}"
-    executable = str(Path(sys.executable).with_name("gcp-storage-emulator"))
-    command = [executable, "start", "--host", cluster.gateway, "--port", str(port), "--in-memory"]
-    with local_service([*command, "--default-bucket", BUCKET], f"{host}/storage/v1/b", {"STORAGE_EMULATOR_HOST": host}):
-        gcs.client.cache_clear()
+    with gcs_emulator(BUCKET, cluster.gateway) as host:
         upload = [str(Path(sys.executable).with_name("imagenet-train")), "upload", "--workers", "4"]
         result = subprocess.run([*upload, str(digit_shards), SHARDS], capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
         yield host
-    gcs.client.cache_clear()
 
 
 @pytest.fixture(scope="session")

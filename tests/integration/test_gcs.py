@@ -19,23 +19,16 @@ from imagenet_train.io import gcs, storage, transfer
 from imagenet_train.loading.presets import ValPreset
 from imagenet_train.loading.stages import ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
-from imagenet_train.ops.serve import free_port
 
-from conftest import REPO, SMALL_TRAIN, cli, local_service, read_metrics, torchrun
+from conftest import REPO, SMALL_TRAIN, cli, gcs_emulator, read_metrics, torchrun
 
 BUCKET = "imagenet-train-test"
 
 
 @pytest.fixture(scope="module")
 def emulator():
-    port = free_port()
-    executable = str(Path(sys.executable).with_name("gcp-storage-emulator"))
-    command = [executable, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
-    host = f"http://127.0.0.1:{port}"
-    with local_service([*command, "--default-bucket", BUCKET], f"{host}/storage/v1/b", {"STORAGE_EMULATOR_HOST": host}):
-        gcs.client.cache_clear()
-        yield host
-    gcs.client.cache_clear()
+    with gcs_emulator(BUCKET) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

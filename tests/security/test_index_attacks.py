@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from imagenet_train.io import gcs
-from imagenet_train.ops.serve import free_port
 
-from conftest import cli, jpeg_bytes, local_service
+from conftest import cli, gcs_emulator, jpeg_bytes
 
 TINY_TRAIN = [
     *("--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--batch-size", "2", "--workers", "0"),
@@ -121,14 +119,8 @@ def test_train_urls_given_on_the_command_line_may_still_be_pipes(tmp_path):
 
 @pytest.fixture
 def emulator():
-    port = free_port()
-    executable = str(Path(sys.executable).with_name("gcp-storage-emulator"))
-    command = [executable, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
-    host = f"http://127.0.0.1:{port}"
-    with local_service([*command, "--default-bucket", BUCKET], f"{host}/storage/v1/b", {"STORAGE_EMULATOR_HOST": host}):
-        gcs.client.cache_clear()
-        yield host
-    gcs.client.cache_clear()
+    with gcs_emulator(BUCKET) as url:
+        yield url
 
 
 def test_index_in_a_bucket_with_pipe_url_is_refused(emulator, hostile_dir, marker):
