@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -194,6 +195,37 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run the `imagenet-train` console script."""
     executable = Path(sys.executable).with_name("imagenet-train")
     return subprocess.run([str(executable), *args], capture_output=True, text=True, timeout=timeout)
+
+
+# An epoch of about a minute with SMALL_TRAIN on this machine (the digits' own is 22 steps, a few seconds):
+# a stop signal sent once a few steps show then reaches the ranks inside it, through ssh or Slurm too.
+LONG_EPOCH = ["--epoch-batches", "300"]
+
+
+def inside_first_epoch(output: str) -> bool:
+    """Whether rank 0's progress bar shows a few steps of the first epoch done and more to come, so a stop now
+    has a position inside the epoch to save. tqdm redraws at most every 0.1 s, so any count may be skipped."""
+    shown = re.findall(r"epoch 0: .*?\| *(\d+)/(\d+) \[", output)
+    return any(2 <= int(done) < int(total) for done, total in shown)
+
+
+@contextlib.contextmanager
+def gcs_emulator(bucket: str, host: str = "127.0.0.1") -> Iterator[str]:
+    """gcp-storage-emulator in memory on a free port of `host`, with `bucket` made; yields its URL,
+    which STORAGE_EMULATOR_HOST points this process and the CLIs it starts at."""
+    from imagenet_train.io import gcs
+    from imagenet_train.ops.serve import free_port
+
+    port = free_port(host)
+    url = f"http://{host}:{port}"
+    executable = str(Path(sys.executable).with_name("gcp-storage-emulator"))
+    command = [executable, "start", "--host", host, "--port", str(port), "--in-memory"]
+    with local_service([*command, "--default-bucket", bucket], f"{url}/storage/v1/b", {"STORAGE_EMULATOR_HOST": url}):
+        gcs.client.cache_clear()  # its client was made for the previous endpoint
+        try:
+            yield url
+        finally:
+            gcs.client.cache_clear()
 
 
 @contextlib.contextmanager

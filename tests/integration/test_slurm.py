@@ -14,7 +14,7 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.launch import resolve
 from imagenet_train.launchers.slurm import BatchJob, batch_script, expand_nodelist
 
-from conftest import SMALL_TRAIN, cli, read_metrics
+from conftest import LONG_EPOCH, SMALL_TRAIN, cli, inside_first_epoch, read_metrics
 
 # The second task of a 2-node srun step, as the test cluster sets it (node names changed: 'localhost' resolves).
 SRUN_TASK_ON_NODE_1 = {
@@ -250,7 +250,7 @@ PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 
 def _steps_done(log: Path) -> bool:
     """Whether rank 0's progress bar shows a few steps of the first epoch (a stop then has a position to save)."""
-    return log.exists() and re.search(r"epoch 0: .*\| *[2-9]/\d+ \[", log.read_text()) is not None
+    return log.exists() and inside_first_epoch(log.read_text())
 
 
 def _job_state(env: dict, job: str) -> dict:
@@ -301,7 +301,7 @@ def test_a_two_node_slurm_job_trains_the_digits_from_nginx(slurm_cluster, shard_
 @pytest.mark.timeout(900)
 def test_scancel_signal_usr1_stops_training_cleanly_with_a_checkpoint(slurm_cluster, shard_server, tmp_path):
     run_dir = tmp_path / "run"
-    job = _submit(slurm_cluster, tmp_path, run_dir, f"{shard_server.url}/shards.json", "--epochs", "50")
+    job = _submit(slurm_cluster, tmp_path, run_dir, f"{shard_server.url}/shards.json", "--epochs", "50", *LONG_EPOCH)
     _wait(lambda: _steps_done(tmp_path / f"job-{job}.out"), 300, "training did not start")
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm_cluster, check=True)  # as --signal USR1@T does
     _wait(lambda: _job_state(slurm_cluster, job).get("JobState") not in ("PENDING", "RUNNING"), 300, "job ended")
@@ -319,7 +319,14 @@ def test_scancel_signal_usr1_stops_training_cleanly_with_a_checkpoint(slurm_clus
 def test_requeue_after_a_clean_stop_resumes_and_finishes(slurm_cluster, shard_server, tmp_path):
     run_dir = tmp_path / "run"
     job = _submit(
-        slurm_cluster, tmp_path, run_dir, f"{shard_server.url}/shards.json", "--epochs", "1", slurm=["--requeue"]
+        slurm_cluster,
+        tmp_path,
+        run_dir,
+        f"{shard_server.url}/shards.json",
+        "--epochs",
+        "1",
+        *LONG_EPOCH,
+        slurm=["--requeue"],
     )
     _wait(lambda: _steps_done(tmp_path / f"job-{job}.out"), 300, "training did not start")
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm_cluster, check=True)
