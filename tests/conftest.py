@@ -229,25 +229,6 @@ def gcs_emulator(bucket: str, host: str = "127.0.0.1") -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def gcs_emulator(bucket: str, host: str = "127.0.0.1") -> Iterator[str]:
-    """gcp-storage-emulator in memory on a free port of `host`, with `bucket` made; yields its URL,
-    which STORAGE_EMULATOR_HOST points this process and the CLIs it starts at."""
-    from imagenet_train.io import gcs
-    from imagenet_train.ops.serve import free_port
-
-    port = free_port(host)
-    url = f"http://{host}:{port}"
-    executable = str(Path(sys.executable).with_name("gcp-storage-emulator"))
-    command = [executable, "start", "--host", host, "--port", str(port), "--in-memory"]
-    with local_service([*command, "--default-bucket", bucket], f"{url}/storage/v1/b", {"STORAGE_EMULATOR_HOST": url}):
-        gcs.client.cache_clear()  # its client was made for the previous endpoint
-        try:
-            yield url
-        finally:
-            gcs.client.cache_clear()
-
-
-@contextlib.contextmanager
 def local_service(command: list[str], probe_url: str, environment: dict[str, str]) -> Iterator[None]:
     """Run a real server process (an emulator) on loopback until `probe_url` answers, with `environment` set
     for the test; stop it and restore the environment afterwards."""
