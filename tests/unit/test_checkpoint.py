@@ -131,3 +131,10 @@ def test_an_epoch_state_in_a_folder_others_may_write_is_refused(tmp_path, monkey
     with pytest.raises(ImagenetTrainError, match="expected a private directory"):
         read_epoch_state(state_file.path)
     state_file.close()
+
+
+def test_the_newest_checkpoint_is_the_furthest_epoch_then_step_with_a_whole_epoch_last():
+    names = ["epoch-0001-step-000010.pt", "epoch-0000.pt", "epoch-0001-step-000004.pt", "notes.txt"]
+    assert checkpoint.newest(names) == "epoch-0001-step-000010.pt"
+    assert checkpoint.newest([*names, "epoch-0001.pt"]) == "epoch-0001.pt"
+    assert checkpoint.newest(["notes.txt"]) is None

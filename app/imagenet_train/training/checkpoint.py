@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import logging
 import pickle
 import re
 import shutil
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path, PurePath
 from typing import Any, Protocol
 
@@ -25,6 +27,7 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write
 from imagenet_train.planning.position import Position
 
+log = logging.getLogger(__name__)
 _NAME = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{6,}))?\.pt$")
 
 
@@ -83,17 +86,60 @@ def _free(folder: Path) -> str:
         return f"free space on {folder} unknown"
 
 
-def latest(run_dir: str) -> Path | None:
-    """The newest checkpoint in a run directory: the furthest epoch, and within it the furthest step."""
-    folder = Path(run_dir) / "checkpoints"
-    if not folder.is_dir():
-        return None
+def newest(names: Iterable[str]) -> str | None:
+    """The newest checkpoint name: the furthest epoch, and within it the furthest step (a whole epoch last)."""
     found = []
-    for path in folder.iterdir():
-        if match := _NAME.match(path.name):
-            step = float("inf") if match.group(2) is None else int(match.group(2))  # a whole epoch comes last
-            found.append((int(match.group(1)), step, path))
+    for name in names:
+        if match := _NAME.match(name):
+            step = float("inf") if match.group(2) is None else int(match.group(2))
+            found.append((int(match.group(1)), step, name))
     return max(found)[2] if found else None
+
+
+def _held(run_dir: str) -> list[str]:
+    folder = Path(run_dir) / "checkpoints"
+    return sorted(path.name for path in folder.iterdir() if _NAME.match(path.name)) if folder.is_dir() else []
+
+
+def latest(run_dir: str) -> Path | None:
+    """The newest checkpoint in a run directory."""
+    name = newest(_held(run_dir))
+    return Path(run_dir) / "checkpoints" / name if name else None
+
+
+def resume_path(resume: str, run_dir: str, rank: int, world: int) -> Path | None:
+    """The checkpoint --resume names: for 'latest' the newest every rank holds (None: there is none), else the
+    file given, which must exist."""
+    if resume == "latest":
+        return latest_on_every_rank(run_dir, rank, world)
+    if not Path(resume).is_file():
+        raise ImagenetTrainError(f"--resume: checkpoint {resume} does not exist")
+    return Path(resume)
+
+
+def latest_on_every_rank(run_dir: str, rank: int, world: int) -> Path | None:
+    """The newest checkpoint that every rank's run directory holds, the same on all ranks.
+
+    Nodes resume from their own run directories, filled from --results: a node restarted while rank 0's
+    newest checkpoint was still uploading holds only an older one. Ranks that started from different
+    checkpoints would run different numbers of steps (a hang or a lost peer) and train different weights.
+    """
+    held = _held(run_dir)
+    if world > 1:
+        gathered: list[list[str]] = [[] for _ in range(world)]
+        torch.distributed.all_gather_object(gathered, held)
+        common = newest(set.intersection(*(set(names) for names in gathered)))
+        if newest(held) != common:
+            log.warning(
+                "rank %d holds %s, but not every rank does (a copy from --results not finished?): "
+                "every rank resumes from %s",
+                rank,
+                newest(held),
+                common or "the start",
+            )
+        held = [common] if common else []
+    name = newest(held)
+    return Path(run_dir) / "checkpoints" / name if name else None
 
 
 _PLAIN = (str, int, float, bool, type(None), bytes, torch.Tensor)

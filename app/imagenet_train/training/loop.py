@@ -93,13 +93,11 @@ class Trainer:
             self.mirror.fetch_for_resume(info.is_main)
             if info.enabled:
                 dist.barrier()  # every node's local rank 0 has fetched before any rank looks for the checkpoint
-        path = checkpoint.latest(str(self.run_dir)) if run.resume == "latest" else Path(run.resume)
+        path = checkpoint.resume_path(run.resume, str(self.run_dir), info.rank, info.world)
         if path is None:
             if info.is_main:
                 log.warning("no checkpoint in %s; starting from epoch 0", self.run_dir)
             return
-        if not path.is_file():
-            raise ImagenetTrainError(f"--resume: checkpoint {path} does not exist")
         self.start_epoch, self.position = self.state.restore(path)
         if self.records:
             self.records.keep_before(self.start_epoch)  # the epochs from here are trained again
