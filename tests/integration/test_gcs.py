@@ -277,6 +277,27 @@ def test_a_resume_keeps_every_epochs_line_from_the_bucket_and_from_this_node(emu
     assert [json.loads(line)["top1"] for line in (here / "metrics.jsonl").read_text().splitlines()] == [0.1, 0.2, 0.3]
 
 
+def test_a_node_that_fetched_a_run_never_uploads_its_stale_copy_over_rank_0s_newer_files(emulator, tmp_path):
+    """Every node fetches the run to resume, and every node mirrors what it writes (its ranks' key logs); only rank
+    0 writes metrics.jsonl. Another node's fetched copy must not replace rank 0's newer one in the bucket."""
+    from imagenet_train.training.results_mirror import ResultsMirror
+
+    url = f"gs://{BUCKET}/two-nodes"
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    (bucket / "metrics.jsonl").write_text('{"epoch": 0}\n')
+    transfer.upload_tree(str(bucket), url)
+    other_node = ResultsMirror(tmp_path / "node1", url, io_timeout=30, local_rank=0)
+    other_node.fetch_for_resume(say=False)
+    (bucket / "metrics.jsonl").write_text('{"epoch": 0}\n{"epoch": 1}\n')  # rank 0, on its node, after epoch 1
+    gcs.upload(str(bucket / "metrics.jsonl"), f"{url}/metrics.jsonl")
+    (tmp_path / "node1" / "rank-0001.keys").write_text("0 a b\n")  # this node's own file
+    other_node.sync()
+    other_node.finish(timeout=60)
+    assert gcs.stat(f"{url}/metrics.jsonl").size == (bucket / "metrics.jsonl").stat().st_size
+    assert gcs.stat(f"{url}/rank-0001.keys") is not None
+
+
 def test_an_upload_killed_midway_resumes_from_the_last_chunk_in_a_new_process(emulator, tmp_path):
     """SIGKILL `imagenet-train upload` of a 60 MB file after a few chunks; the next run continues, not restarts."""
     source = tmp_path / "run"

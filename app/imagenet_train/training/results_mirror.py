@@ -61,6 +61,18 @@ class ResultsUploader:
             str(path.relative_to(self.run_dir)) for path, stamp in self._files() if self.sent.get(str(path)) != stamp
         ]
 
+    def stamps(self) -> dict[str, tuple[int, int]]:
+        """The run directory's files now, with their (size, mtime)."""
+        return {str(path): stamp for path, stamp in self._files()}
+
+    def fetched(self, before: dict[str, tuple[int, int]]) -> None:
+        """Take the files a fetch from the bucket wrote since `before` as in the bucket already. Every node
+        fetches, but only rank 0 writes metrics, config and checkpoints: another node's copy goes stale as soon
+        as rank 0 writes again, and uploaded, it would replace rank 0's newer file in the bucket."""
+        for path, stamp in self._files():
+            if before.get(str(path)) != stamp:
+                self.sent[str(path)] = stamp
+
     def _files(self) -> list[tuple[Path, tuple[int, int]]]:
         """The run directory's files with their (size, mtime), checkpoints last: a checkpoint in the bucket
         then always has the metrics lines of the epochs before it there too."""
@@ -122,7 +134,10 @@ class ResultsMirror:
     def fetch_for_resume(self, say: bool) -> None:
         """--resume latest: bring the run's files from the bucket first (one rank per node fetches)."""
         if self.local_rank == 0:
+            before = self.uploader.stamps() if self.uploader else {}
             fetched = fetch_for_resume(self.url, self.run_dir, self.io_timeout)
+            if self.uploader:
+                self.uploader.fetched(before)
             if say:
                 print(f"fetched {fetched} files from {self.url} to resume", flush=True)
 
