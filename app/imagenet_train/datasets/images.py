@@ -8,7 +8,14 @@ import warnings
 import simplejpeg
 from PIL import Image
 
-from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, ImageTooLarge, check_pixels, open_checked
+from imagenet_train.datasets.pixels import (
+    MAX_IMAGE_PIXELS,
+    REENCODE_FORMATS,
+    ImageTooLarge,
+    UnsupportedFormat,
+    check_pixels,
+    open_checked,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -21,10 +28,12 @@ def _reencode(data: bytes, short_side: int | None, quality: int, max_pixels: int
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            image = open_checked(data, max_pixels)
+            image = open_checked(data, max_pixels, REENCODE_FORMATS)
             image.load()
     except ImageTooLarge as error:
         raise UnusableImage(str(error)) from None
+    except UnsupportedFormat as error:
+        raise UnusableImage(f"{error} (shards converts JPEG and PNG only)") from None
     except Exception as error:
         raise UnusableImage(f"not a decodable image ({type(error).__name__}: {error})") from None
     image = image.convert("RGB")
