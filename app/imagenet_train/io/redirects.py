@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from enum import Enum
 
 from imagenet_train.errors import ImagenetTrainError, clip
@@ -19,6 +20,8 @@ from imagenet_train.errors import ImagenetTrainError, clip
 # Enough for a load balancer and a CDN hop; a loop ends after this many instead of urllib's 10 with no URL.
 MAX_REDIRECTS = 5
 REDIRECT_CODES = (301, 302, 303, 307, 308)
+
+NameCheck = Callable[[str], "str | None"]  # why a name is not a file inside a folder (None: it is)
 
 
 class RedirectPolicy(str, Enum):
@@ -43,10 +46,9 @@ def opener() -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(_NoRedirects)
 
 
-def refusal(first: str, target: str, policy: RedirectPolicy = RedirectPolicy.FOLDER) -> str | None:
-    """Why `first` may not be redirected to `target` (an absolute URL); None when it may."""
-    from imagenet_train.io.storage import outside_reason
-
+def refusal(first: str, target: str, policy: RedirectPolicy, name_reason: NameCheck) -> str | None:
+    """Why `first` may not be redirected to `target` (an absolute URL); None when it may. `name_reason` is the
+    index's own check of a name inside the folder (storage.outside_reason)."""
     start, to = urllib.parse.urlsplit(first), urllib.parse.urlsplit(target)
     if to.scheme.lower() != start.scheme.lower():
         return f"another scheme ({clip(to.scheme, 20) or 'none'}:)"
@@ -64,12 +66,15 @@ def refusal(first: str, target: str, policy: RedirectPolicy = RedirectPolicy.FOL
     folder = start.path.rsplit("/", 1)[0] + "/"
     if not to.path.startswith(folder):
         return f"outside the folder {clip(folder)}"
-    reason = outside_reason(to.path[len(folder) :])
+    reason = name_reason(to.path[len(folder) :])
     return f"a name that {reason}" if reason else None
 
 
-def follow(first: str, current: str, location: str | None, hops: int, policy: RedirectPolicy) -> str:
-    """The absolute URL a redirect from `current` leads to, or the one-line error refusing it."""
+def follow(
+    first: str, current: str, location: str | None, hops: int, policy: RedirectPolicy, name_reason: NameCheck
+) -> str:
+    """The absolute URL a redirect from `current` (after `hops` others from `first`) leads to, or the one-line
+    error refusing it."""
     if location is None:
         raise ImagenetTrainError(f"{clip(first, 200)}: a redirect without a Location")
     target = urllib.parse.urljoin(current, location.strip())
@@ -78,7 +83,7 @@ def follow(first: str, current: str, location: str | None, hops: int, policy: Re
             f"{clip(first, 200)}: more than {MAX_REDIRECTS} redirects (the last to {clip(target, 200)}); "
             "a redirect loop?"
         )
-    reason = refusal(first, target, policy)
+    reason = refusal(first, target, policy, name_reason)
     if reason:
         raise ImagenetTrainError(f"{clip(first, 200)}: redirect to {clip(target, 200)} refused: it leads to {reason}")
     return target

@@ -144,7 +144,9 @@ def http_opener(
             except urllib.error.HTTPError as error:
                 error.close()
                 if error.code in redirects.REDIRECT_CODES:
-                    current = redirects.follow(url, current, error.headers.get("Location"), hops, policy)
+                    current = redirects.follow(
+                        url, current, error.headers.get("Location"), hops, policy, outside_reason
+                    )
                     continue
                 if error.code >= 500 or error.code in (408, 429):
                     raise Transient(f"HTTP {error.code} {error.reason}") from None
