@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from imagenet_train.datasets import index as shard_index
+from imagenet_train.errors import ImagenetTrainError
 
 from .test_index_attacks import TINY_TRAIN, refused, write_index, write_shard
 from conftest import cli
@@ -36,8 +39,10 @@ def test_train_on_an_index_with_150000_classes_is_one_line_before_any_model(host
 
 
 def test_num_classes_given_on_the_command_line_is_bounded_too(tmp_path):
-    result = cli("train", "--train-urls", f"{tmp_path}/x.tar", "--num-classes", str(MANY), *TINY_TRAIN, timeout=120)
-    refused(result, "--num-classes", f"{MANY} classes", "--max-classes")
+    from imagenet_train.datasets.source import resolve_source
+
+    with pytest.raises(ImagenetTrainError, match=f"--num-classes: {MANY} classes; expected at most 100000"):
+        resolve_source("", f"{tmp_path}/x.tar", "", 2, MANY)
 
 
 def test_the_maximum_is_inclusive_and_can_be_raised(tmp_path):
