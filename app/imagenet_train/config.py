@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any
 
 from imagenet_train.config_checks import check_combinations
+from imagenet_train.datasets.index import MAX_CLASSES
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.declarations import Setting, check, declared, setting
 from imagenet_train.errors import ImagenetTrainError
@@ -167,6 +168,13 @@ class DataConfig:
         "must exceed --io-timeout",
         minimum=0,
         maximum=7 * 24 * 3600,
+    )
+    max_classes: int = setting(
+        MAX_CLASSES,
+        "refuse an index (or --num-classes) with more classes than this before building the model: the head and "
+        "its optimizer state grow with them on every rank (ImageNet-21k has 21,841)",
+        minimum=1,
+        maximum=10_000_000,
     )
 
     def eval_crop_size(self) -> int:

@@ -13,6 +13,7 @@ from scipy import stats
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Config
+from imagenet_train.datasets.pixels import UnsupportedFormat
 from imagenet_train.datasets.source import resolve_source
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading import crop_boxes, fused_decoder
@@ -99,23 +100,26 @@ def test_fused_crop_matches_decode_then_crop_within_a_small_pixel_error(box):
     [
         (photo_jpeg(progressive=True), "progressive"),
         (None, "cmyk"),
-        (None, "png"),
     ],
 )
-def test_progressive_cmyk_and_non_jpeg_fall_back_to_a_full_decode(data, kind):
+def test_progressive_and_cmyk_jpegs_fall_back_to_a_full_decode(data, kind):
     image = Image.fromarray(np.asarray(Image.open(io.BytesIO(photo_jpeg()))))
     buffer = io.BytesIO()
     if kind == "cmyk":
         image.convert("CMYK").save(buffer, "JPEG", quality=90)
-        data = buffer.getvalue()
-    elif kind == "png":
-        image.save(buffer, "PNG")
         data = buffer.getvalue()
     decoder = fused_decoder.FusedCropDecoder(224)
     out = decoder(data)
     assert out.shape == (3, 224, 224) and out.dtype == torch.uint8
     assert decoder.fallbacks == 1 and decoder.fused == 0
     assert out.float().mean() > 20  # a real picture, not zeros
+
+
+def test_a_png_is_refused_by_the_fallback_as_not_a_jpeg():
+    buffer = io.BytesIO()
+    Image.open(io.BytesIO(photo_jpeg())).save(buffer, "PNG")
+    with pytest.raises(UnsupportedFormat, match="not a readable JPEG image"):
+        fused_decoder.FusedCropDecoder(224)(buffer.getvalue())
 
 
 def test_fused_decoder_is_picklable_and_runs_in_loader_workers(digit_shards):

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from imagenet_train.datasets import images
 from imagenet_train.datasets.index import INDEX_KIND, INDEX_NAME, write_json_atomic
-from imagenet_train.datasets.layouts import Dataset, SourceImage, discover
+from imagenet_train.datasets.layouts import Dataset, SourceImage, SourceTooLarge, discover
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write
@@ -111,9 +111,13 @@ def write_shard(job: ShardJob, output: str, class_index: dict[str, int], options
         for image in job.images:
             try:
                 data, note = images.prepare(
-                    image.read(), options.resize, options.quality, options.verify, options.max_pixels
+                    image.read(images.MAX_SOURCE_BYTES),
+                    options.resize,
+                    options.quality,
+                    options.verify,
+                    options.max_pixels,
                 )
-            except images.UnusableImage as reason:
+            except (images.UnusableImage, SourceTooLarge) as reason:
                 skipped.append({"source": image.describe(), "reason": str(reason)})
                 continue
             except OSError as error:

@@ -32,6 +32,10 @@ MAX_SHARD_SAMPLES = 10_000_000
 # Per split: far beyond any image dataset (ImageNet-21k has 14 million). `plan --simulate` is bounded apart
 # from this, by what the shards really hold (loading/simulate.py).
 MAX_SPLIT_SAMPLES = 10_000_000_000
+# Classes an index may list (--max-classes): the classifier head, its gradients and optimizer state grow with
+# them on every rank (3 million classes make a ResNet-50 head of 6 GB). ImageNet-21k has 21,841; 100,000 leaves
+# room for larger label sets while a head stays under ~1 GB.
+MAX_CLASSES = 100_000
 
 _HEX = {"sha256": re.compile(r"[0-9a-fA-F]{64}"), "md5sum": re.compile(r"[0-9a-fA-F]{32}")}
 
@@ -103,11 +107,14 @@ def index_location(location: str) -> str:
     return os.path.join(location, INDEX_NAME)
 
 
-def load_index(location: str, io_timeout: float = IO_TIMEOUT, trust_index: bool = False) -> ShardIndex:
+def load_index(
+    location: str, io_timeout: float = IO_TIMEOUT, trust_index: bool = False, max_classes: int = MAX_CLASSES
+) -> ShardIndex:
     """Read and check a shard index from a path, directory or URL.
 
     Every shard URL must name a file in the index's own folder unless `trust_index` (the --trust-index flag)
-    says the index's author may name any URL, local path or pipe: command.
+    says the index's author may name any URL, local path or pipe: command. More than `max_classes` class
+    names is refused before anything is sized by them.
     """
     where = index_location(location)
     if not storage.is_url(where) and not os.path.exists(storage.local_path(where)):
@@ -122,16 +129,19 @@ def load_index(location: str, io_timeout: float = IO_TIMEOUT, trust_index: bool 
         raise ImagenetTrainError(f"{where}: expected an imagenet-train index with __kind__ '{INDEX_KIND}'")
     if trust_index:
         log.warning("--trust-index: %s may name any URL, local path or pipe: command as a shard", where)
-    resolved = check_index(data, where, trust_index)
+    resolved = check_index(data, where, trust_index, max_classes)
     return ShardIndex(location=where, data=data, resolved=resolved)
 
 
-def check_index(data: dict, where: str, trust_index: bool = False) -> dict[str, list[str]]:
+def check_index(
+    data: dict, where: str, trust_index: bool = False, max_classes: int = MAX_CLASSES
+) -> dict[str, list[str]]:
     """Check the fields the code reads, naming the file, split, entry and what was expected; returns each
     split's resolved shard URLs."""
     classes = data.get("classes", [])
     if not isinstance(classes, list) or not all(isinstance(name, str) for name in classes):
         raise ImagenetTrainError(f"{where}: classes: expected a list of class names (text)")
+    check_class_count(len(classes), max_classes, f"{where}: classes")
     splits = data["splits"]
     if not isinstance(splits, dict):
         raise ImagenetTrainError(f"{where}: splits: expected a mapping of split names to shard lists")
@@ -152,6 +162,14 @@ def check_index(data: dict, where: str, trust_index: bool = False) -> dict[str, 
             raise ImagenetTrainError(f"{at}: {total} samples; expected at most {MAX_SPLIT_SAMPLES}")
         resolved[split] = urls
     return resolved
+
+
+def check_class_count(count: int, max_classes: int, what: str) -> None:
+    """Refuse `count` classes above `max_classes` (they size the model on every rank), naming `what`."""
+    if count > max_classes:
+        raise ImagenetTrainError(
+            f"{what}: {count} classes; expected at most {max_classes} (--max-classes raises the limit)"
+        )
 
 
 def _check_shard(shard: object, at: str) -> int:

@@ -21,6 +21,10 @@ KAGGLE_ROOT = Path("ILSVRC/Data/CLS-LOC")
 KAGGLE_VAL_LABELS = "LOC_val_solution.csv"
 
 
+class SourceTooLarge(ValueError):
+    """A source image over the size cap, found before it is read (the message says how big)."""
+
+
 @dataclass(frozen=True)
 class SourceImage:
     """One image: a whole file, or `size` bytes at `offset` inside a (tar) file."""
@@ -32,11 +36,19 @@ class SourceImage:
     size: int = 0
     name: str = ""  # the image's own file name, for reports
 
-    def read(self) -> bytes:
-        """The image's bytes."""
+    def read(self, limit: int = 0) -> bytes:
+        """The image's bytes; SourceTooLarge, before they are read, when there are more than `limit` (0: any)."""
         with open(self.path, "rb") as stream:
             if self.offset < 0:
-                return stream.read()
+                size = os.fstat(stream.fileno()).st_size
+                if limit and size > limit:
+                    raise SourceTooLarge(f"{size} bytes, over the {limit}-byte cap on a source image")
+                data = stream.read(limit + 1 if limit else -1)
+                if limit and len(data) > limit:  # grew since, or a file whose size stat does not know
+                    raise SourceTooLarge(f"more than {limit} bytes, over the cap on a source image")
+                return data
+            if limit and self.size > limit:
+                raise SourceTooLarge(f"{self.size} bytes, over the {limit}-byte cap on a source image")
             stream.seek(self.offset)
             return stream.read(self.size)
 

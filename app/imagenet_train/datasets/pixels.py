@@ -18,9 +18,19 @@ if TYPE_CHECKING:
 # images are ~4288 x 2848 (12 MP), so this leaves 5x headroom for other photo datasets.
 MAX_IMAGE_PIXELS = 1 << 26
 
+# Pillow hands bytes to whichever of its ~40 plugins claims them: EPS and PDF start Ghostscript, others are
+# rarely exercised parsers. Training decodes JPEG only; `shards` also re-encodes PNG. Anything else is a
+# corrupt sample in training and a listed skip in `shards`.
+DECODE_FORMATS = ("JPEG",)
+REENCODE_FORMATS = ("JPEG", "PNG")
+
 
 class ImageTooLarge(ValueError):
     """An image whose header claims more pixels than the cap allows."""
+
+
+class UnsupportedFormat(ValueError):
+    """Bytes that are not an image of an allowed format (or not readable as one)."""
 
 
 def check_pixels(width: int, height: int, limit: int) -> None:
@@ -49,11 +59,15 @@ def check_image(data: bytes, limit: int) -> None:
     check_pixels(*image_size(data), limit)
 
 
-def open_checked(data: bytes, limit: int) -> Image.Image:
-    """PIL's lazy open (header only), refused above `limit` pixels before anything is decoded."""
-    from PIL import Image
+def open_checked(data: bytes, limit: int, formats: tuple[str, ...] = DECODE_FORMATS) -> Image.Image:
+    """PIL's lazy open (header only) by the plugins of `formats` alone, refused above `limit` pixels before
+    anything is decoded."""
+    from PIL import Image, UnidentifiedImageError
 
-    image = Image.open(io.BytesIO(data))
+    try:
+        image = Image.open(io.BytesIO(data), formats=list(formats))
+    except UnidentifiedImageError:
+        raise UnsupportedFormat(f"not a readable {' or '.join(formats)} image") from None
     try:
         check_pixels(*image.size, limit)
     except ImageTooLarge:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from imagenet_train.datasets.index import ShardIndex, load_index
+from imagenet_train.datasets.index import MAX_CLASSES, ShardIndex, check_class_count, load_index
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.resumable import IO_TIMEOUT
 
@@ -58,14 +58,17 @@ def resolve_source(
     num_classes: int = 0,
     io_timeout: float = IO_TIMEOUT,
     trust_index: bool = False,
+    max_classes: int = MAX_CLASSES,
 ) -> DataSource:
     """Read the shard index (or take explicit URL specs) into lists of URLs and counts.
 
     The index's shard URLs must lie in its own folder unless `trust_index`; URL specs the user gives
-    (`--train-urls`, pipe: included) are the user's own and used as given.
+    (`--train-urls`, pipe: included) are the user's own and used as given. Either way the class count is at
+    most `max_classes`, checked before any model is built.
     """
+    check_class_count(num_classes, max_classes, "--num-classes")
     if shards:
-        index = load_index(shards, io_timeout=io_timeout, trust_index=trust_index)
+        index = load_index(shards, io_timeout=io_timeout, trust_index=trust_index, max_classes=max_classes)
         sizes = index.sizes("train")
         splits = [split for split in ("train", "val") if split in index.splits()]
         expected = expected_shards(index, splits)
@@ -95,4 +98,5 @@ def run_source(data: Any) -> DataSource:
         data.num_classes,
         data.io_timeout,
         data.trust_index,
+        data.max_classes,
     )

@@ -95,7 +95,8 @@ class Outage:
 def describe(error: BaseException) -> str:
     """A short reason for a failed attempt: 'Connection refused', 'HTTP 503 Service Unavailable'."""
     reason = getattr(error, "reason", None) or getattr(error, "strerror", None) or str(error) or type(error).__name__
-    return str(getattr(reason, "strerror", None) or reason).splitlines()[0][:200]
+    lines = str(getattr(reason, "strerror", None) or reason).splitlines()
+    return (lines[0] if lines else type(reason).__name__)[:200]  # an exception's text may be empty
 
 
 def _node_may_log() -> bool:

@@ -4,6 +4,7 @@ mid-stream), pipe: and the rest."""
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import urllib.error
 import urllib.parse
@@ -12,6 +13,8 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.io import redirects
+from imagenet_train.io.redirects import RedirectPolicy
 from imagenet_train.io.resumable import IO_TIMEOUT, Opened, ResumableReader, Transient, buffered
 
 HTTP_TIMEOUT_S = 60.0
@@ -123,19 +126,31 @@ def apply_io_environment(snapshot: dict[str, str]) -> None:
     os.environ.update(snapshot)
 
 
-def http_opener(url: str, timeout: float = HTTP_TIMEOUT_S) -> Callable[[int], Opened]:
-    """`open_at(position)` for an HTTP(S) URL: a GET, with a Range request past the first byte."""
+def http_opener(
+    url: str, timeout: float = HTTP_TIMEOUT_S, policy: RedirectPolicy = RedirectPolicy.FOLDER
+) -> Callable[[int], Opened]:
+    """`open_at(position)` for an HTTP(S) URL: a GET, with a Range request past the first byte; redirects
+    are followed only where `policy` allows (io/redirects.py)."""
 
     def open_at(position: int) -> Opened:
-        request = urllib.request.Request(url)
-        if position:
-            request.add_header("Range", f"bytes={position}-")
-        try:
-            response = urllib.request.urlopen(request, timeout=timeout)
-        except urllib.error.HTTPError as error:
-            if error.code >= 500 or error.code in (408, 429):
-                raise Transient(f"HTTP {error.code} {error.reason}") from None
-            raise ImagenetTrainError(f"{url}: HTTP {error.code} {error.reason}") from None
+        current, client = url, redirects.opener()
+        for hops in itertools.count():
+            request = urllib.request.Request(current)
+            if position:
+                request.add_header("Range", f"bytes={position}-")
+            try:
+                response = client.open(request, timeout=timeout)
+                break
+            except urllib.error.HTTPError as error:
+                error.close()
+                if error.code in redirects.REDIRECT_CODES:
+                    current = redirects.follow(
+                        url, current, error.headers.get("Location"), hops, policy, outside_reason
+                    )
+                    continue
+                if error.code >= 500 or error.code in (408, 429):
+                    raise Transient(f"HTTP {error.code} {error.reason}") from None
+                raise ImagenetTrainError(f"{url}: HTTP {error.code} {error.reason}") from None
         if position and response.status != 206:
             response.close()
             raise ImagenetTrainError(f"{url}: server ignored a Range request; cannot resume")
@@ -161,7 +176,8 @@ def open_stream(location: str, io_timeout: float = IO_TIMEOUT) -> BinaryIO:
         return buffered(ResumableReader(location, s3.opener(location), io_timeout))
     if scheme == "ais":
         http_url = ais_http_url(location)
-        return buffered(ResumableReader(location, http_opener(http_url), io_timeout))
+        opener = http_opener(http_url, policy=RedirectPolicy.SAME_OBJECT)
+        return buffered(ResumableReader(location, opener, io_timeout))
     if is_url(location):
         import webdataset
 

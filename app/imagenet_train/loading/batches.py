@@ -82,6 +82,7 @@ def train_loader(
         shuffle_buffer=data.shuffle_buffer,
         seed=cfg.run.seed,
         reading=shard_reading(data, source),
+        num_classes=source.num_classes,
     )
     pin = device.type == "cuda" and data.decoder != Decoder.DALI
     return EpochLoader(
@@ -113,6 +114,7 @@ def val_loader(cfg: Any, rank: int, world: int, device: torch.device, source: Da
         shuffle_shards=False,
         shuffle_buffer=0,
         reading=shard_reading(data, source),
+        num_classes=source.num_classes,
     )
     pin = device.type == "cuda" and data.decoder != Decoder.DALI
     return EpochLoader(stream, data.workers, pin_memory=pin, timeout=data.loader_timeout)

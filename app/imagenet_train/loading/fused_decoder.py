@@ -115,7 +115,7 @@ class FusedCropDecoder:
         return resize_box(decoded, region, self.size)
 
     def _plain(self, data: bytes) -> tuple[torch.Tensor, Box]:
-        """Full decode (PIL handles CMYK, progressive and non-JPEG), then the same crop."""
+        """Full decode (PIL handles CMYK and progressive JPEGs), then the same crop."""
         self.fallbacks += 1
         with open_checked(data, self.max_pixels) as image:
             array = np.asarray(image.convert("RGB"))

@@ -24,14 +24,14 @@ from torchvision.transforms.v2 import functional  # noqa: E402
 
 
 def decode_pil(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
-    """Any PIL-readable bytes to a uint8 CHW RGB tensor (refused above `max_pixels`, before decoding)."""
+    """JPEG bytes to a uint8 CHW RGB tensor by PIL (other formats and images above `max_pixels` refused)."""
     with open_checked(data, max_pixels) as image:
         array = np.asarray(image.convert("RGB"))
     return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
 
 
 def decode_rgb(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
-    """JPEG (or any PIL-readable) bytes to a uint8 CHW RGB tensor; libjpeg-turbo first, PIL as fallback.
+    """JPEG bytes to a uint8 CHW RGB tensor; libjpeg-turbo first, PIL (JPEG plugin only) as fallback.
     An image over `max_pixels` is refused from its header (ImageTooLarge) before anything is decoded."""
     try:
         height, width, _, _ = simplejpeg.decode_jpeg_header(data)

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from imagenet_train.datasets.source import ShardInfo
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import storage, tarstream
 from imagenet_train.io.cache import open_cached, open_verified
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
@@ -212,13 +212,30 @@ def interleaved(streams: Sequence[Iterator], rng: random.Random) -> Iterator:
             active.pop(slot)
 
 
-def decoded(samples: Iterable[dict], transform: Callable, counters: DamageCounters) -> Iterator[tuple]:
-    """(uint8 image, label, key) per sample from `transform(jpeg bytes)`; undecodable samples are skipped,
-    logged and counted."""
+def class_label(data: bytes, num_classes: int) -> int:
+    """A sample's class from its .cls bytes: a whole number from 0 to `num_classes` - 1 (0: any int64 >= 0).
+
+    A shard's label is untrusted: one out of range ends a step in the loss (a device-side assert on a GPU),
+    one past int64 ends the collate; here either is a ValueError, so a corrupt sample.
+    """
+    if len(data) > 64:
+        raise ValueError(f".cls of {len(data)} bytes; expected a class number")
+    label = int(data)
+    top = num_classes or 1 << 63
+    if not 0 <= label < top:
+        raise ValueError(f"class {clip(label)} out of range; expected 0 to {top - 1}")
+    return label
+
+
+def decoded(
+    samples: Iterable[dict], transform: Callable, counters: DamageCounters, num_classes: int = 0
+) -> Iterator[tuple]:
+    """(uint8 image, label, key) per sample from `transform(jpeg bytes)`; undecodable samples and labels
+    outside 0..`num_classes`-1 are skipped, logged and counted."""
     for sample in samples:
         try:
             image = transform(sample["jpg"])
-            label = int(sample["cls"])
+            label = class_label(sample["cls"], num_classes)
         except Exception as error:  # any bad sample: PIL, libjpeg and parsing errors alike
             counters.add(DamageCounters.CORRUPT)
             log.warning(

@@ -71,6 +71,7 @@ class ShardStream(IterableDataset):
     queue: object = None  # a shard queue (queue.StoreQueue / LocalQueue) for --mode queue
     repeat: int = 1  # split mode: read this worker's shard list this many times per epoch
     crop_size: int = 0  # this epoch's train crop size, set on `transform` (0: the transform's own)
+    num_classes: int = 0  # labels from 0 to num_classes - 1 are used, others are corrupt samples (0: any)
 
     def __post_init__(self):
         self.damage = DamageCounters(worker_context())
@@ -134,7 +135,7 @@ class ShardStream(IterableDataset):
         if self.shuffle_buffer > 1:
             samples = shuffled(samples, self.shuffle_buffer, rng)
         batches = batched(
-            decoded(samples, at_size(self.transform, self.crop_size), self.damage),
+            decoded(samples, at_size(self.transform, self.crop_size), self.damage, self.num_classes),
             self.batch_size,
             partial=not self.resampled,
             collate_fn=self.collate_fn or collate,
