@@ -24,7 +24,8 @@ time.sleep(120)
 # The rank notes SIGTERM in a file and carries on, as a rank blocked where no signal helps would; a child of its
 # own (a loader worker) sleeps in its process group.
 RANK = """
-import signal, subprocess, sys, time
+import os, signal, subprocess, sys, time
+{prelude}
 from pathlib import Path
 from imagenet_train.launchers.launcher_death import die_with_launcher
 signal.signal(signal.SIGTERM, lambda *_: Path({marker!r}).write_text(str(time.monotonic())))
@@ -42,12 +43,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the watch is Linux-only (pidfd)")
-def test_a_rank_whose_launcher_is_sigkilled_gets_sigterm_then_dies_with_its_workers_after_the_grace(tmp_path):
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the watch is Linux-only")
+# Without pidfds (Linux < 5.3, or a seccomp profile that refuses pidfd_open) the watch polls the parent's id.
+@pytest.mark.parametrize("prelude", ["", "del os.pidfd_open"], ids=["pidfd", "polling"])
+def test_a_rank_whose_launcher_is_sigkilled_gets_sigterm_then_dies_with_its_workers_after_the_grace(tmp_path, prelude):
     marker, ready = tmp_path / "sigterm", tmp_path / "ready"
     env = {**os.environ, "TORCHELASTIC_RUN_ID": "test", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}
     launcher = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, RANK.format(marker=str(marker), ready=str(ready))],
+        [sys.executable, "-c", LAUNCHER, RANK.format(prelude=prelude, marker=str(marker), ready=str(ready))],
         stdout=subprocess.PIPE,
         env=env,
         text=True,

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 
 # torchrun's own default for --shutdown-timeout: the seconds between its SIGTERM to the ranks and its SIGKILL.
 TORCHRUN_SHUTDOWN_TIMEOUT = 30.0
-# Where a rank reads the launcher's grace period: `launch` sets the second; torchrun reads both itself.
+# Where a rank reads the launcher's grace period, in torchrun's order (its flag's variable, then its fallback);
+# `launch` sets both to its --grace-period.
 GRACE_VARIABLES = ("PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
 POLL_SECONDS = 0.5  # without pidfds (Linux < 5.3): how often the parent is looked at
 _watching: list[threading.Thread] = []  # one watch per process, however often the CLI's main is called
@@ -64,7 +65,9 @@ def _wait_for_exit(parent: int) -> None:
     if handle is not None:
         try:
             if os.getppid() == parent:  # the pidfd is the parent's, not a later process that took its id
-                select.select([handle], [], [])
+                waiter = select.poll()  # readable once the process has exited
+                waiter.register(handle, select.POLLIN)
+                waiter.poll()
         finally:
             os.close(handle)
         return
