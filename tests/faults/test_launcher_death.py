@@ -225,11 +225,12 @@ def test_sigterm_to_launch_reaches_every_rank_at_once(tmp_path, record):
         if launch.poll() is None:
             os.killpg(launch.pid, signal.SIGKILL)
             launch.wait()
+    milliseconds = ", ".join(f"{seconds * 1000:.0f}" for seconds in sorted(ended.values()))
     record(
         Row(
             fault="SIGTERM to `imagenet-train launch` while its ranks wait for an unreachable index (probe --wait)",
             mode="-",
-            outcome=f"launch exit {code}; rank ends after " + ", ".join(f"{s:.2f} s" for s in sorted(ended.values())),
+            outcome=f"launch exit {code}; the ranks ended {milliseconds} ms after the signal",
             seconds=round(max(ended.values(), default=30), 1),
         )
     )
