@@ -159,7 +159,9 @@ def test_sigkill_to_launch_leaves_no_process_of_the_run_within_10s(tmp_path, rec
         Row(
             fault="SIGKILL to `imagenet-train launch` while the ranks wait for an unreachable index",
             mode="resampled",
-            outcome=f"no process of the run left after {seconds:.1f} s" if not left else f"{len(left)} left",
+            outcome=f"no process of the run left after {seconds:.1f} s"
+            if not left
+            else f"{len(left)} processes of the run still running after {seconds:.0f} s",
             seconds=round(seconds, 1),
         )
     )
