@@ -19,6 +19,7 @@ from imagenet_train.commands import (
 )
 from imagenet_train.commands.train_cmd import train_config  # noqa: F401 (its old home: notebooks import it from here)
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted, one_line
+from imagenet_train.launchers.launcher_death import die_with_launcher
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +49,7 @@ def dispatch(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `imagenet-train` console script: parse, check every option, then dispatch."""
+    die_with_launcher()  # first: a rank whose torchrun agent is killed from here on must not live on
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         args = build_parser().parse_args(argv)

@@ -359,3 +359,16 @@ def test_ssh_node_kills_what_a_killed_command_left_behind(tmp_path):
     for pid in survivors:  # do not leave them to the machine when the check fails
         os.kill(pid, signal.SIGKILL)
     assert below and survivors == []
+
+
+def test_a_killed_ssh_node_stops_its_command_and_what_runs_below_it(tmp_path):
+    node, serve, below = _start_node(tmp_path)
+    os.kill(node.pid, signal.SIGKILL)  # no cleanup of its own can run: its command must see it gone
+    node.wait()
+    deadline = time.monotonic() + 30
+    while any(map(_alive, [serve, *below])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [pid for pid in [serve, *below] if _alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert below and survivors == []

@@ -96,8 +96,8 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
         "--grace-period",
         type=number(float, 1, 3600),
         default=GRACE_PERIOD,
-        help="seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL "
-        "(give the pod a terminationGracePeriodSeconds a little longer)",
+        help="seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL, "
+        "also when launch itself dies (give the pod a terminationGracePeriodSeconds a little longer)",
     )
     launch.add_argument(
         "--deployment",

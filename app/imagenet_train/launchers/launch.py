@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.launchers.launcher_death import GRACE_VARIABLES
 
 DEFAULT_PORT = "29500"
 # Seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL (a pod's
@@ -198,6 +199,10 @@ def run(program: list[str], nproc: str | None = None, dry_run: bool = False, gra
     if dry_run:
         return 0
     os.environ.update(launch.env)
+    # torchrun's own settings (the flag's and its fallback), read by every rank too: a rank whose launcher dies
+    # gets the same grace (launchers/launcher_death.py), and a torchrun without --shutdown-timeout honours it.
+    for name in GRACE_VARIABLES:
+        os.environ[name] = str(round(grace_period))
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PREAMBLE_LIMIT = 1 << 20  # the variables `imagenet-train ssh` sends first: a few URLs, never megabytes
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
@@ -27,6 +29,18 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 def _become_subreaper() -> None:
     with contextlib.suppress(OSError, AttributeError):  # not Linux: orphans are then not ours to clean up
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _stop_when_node_dies(node: int) -> None:
+    """In the child, before exec: SIGTERM it when this process dies, even SIGKILLed (no cleanup can run then).
+
+    The child (`launch`) then stops its ranks as on any SIGTERM. PR_SET_PDEATHSIG fires when the thread that
+    started the child ends: that is this process's main thread, which lives as long as the process.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != node:  # it died before the request took effect
+        os._exit(128 + signal.SIGTERM)
 
 
 def descendants(root: int) -> list[int]:
@@ -106,8 +120,12 @@ def run(program: list[str], grace: float, environment_on_stdin: bool = False) ->
     """Run `imagenet-train PROGRAM...` until it ends or standard input closes; return its exit code."""
     extra = environment_from_stdin() if environment_on_stdin else {}
     _become_subreaper()
+    # preexec_fn is safe here: no thread runs yet (the one watching stdin starts below).
     child = subprocess.Popen(
-        [sys.executable, "-m", "imagenet_train.cli", *program], stdin=subprocess.DEVNULL, env={**os.environ, **extra}
+        [sys.executable, "-m", "imagenet_train.cli", *program],
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **extra},
+        preexec_fn=functools.partial(_stop_when_node_dies, os.getpid()),
     )
     session_over = threading.Event()
 
