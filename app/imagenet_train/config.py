@@ -290,7 +290,8 @@ class OptimConfig:
     )
     bias_weight_decay: float = setting(
         0.0,
-        "weight decay of every bias, norms' included (torchvision's --bias-weight-decay; 0 as timm)",
+        "weight decay of the biases outside normalisation layers (torchvision's --bias-weight-decay; 0 as timm; "
+        "torchvision's RN50 v2 decays the classifier's bias: --weight-decay's value)",
         minimum=0,
         maximum=1,
     )

@@ -47,11 +47,13 @@ class Decays:
 def parameter_groups(model: torch.nn.Module, decays: Decays | float) -> list[dict]:
     """The parameters grouped by weight decay, as torchvision's set_weight_decay with timm's exemptions.
 
-    First match wins: transformer embeddings (timm's model.no_weight_decay() names, torchvision's keys), biases
-    (a custom key in torchvision, so norms' biases too), normalisation layers' parameters, then every other
-    one-dimensional parameter at no decay (timm's param_groups_weight_decay rule: layer scales, say), and the
-    rest at --weight-decay. With the default decays (all 0) this is timm's param_groups_weight_decay. The first
-    group holds the weights (the ones LARS and LAMB adapt)."""
+    First match wins: transformer embeddings (timm's model.no_weight_decay() names, torchvision's keys),
+    normalisation layers' parameters, the other biases, then every other one-dimensional parameter at no decay
+    (timm's param_groups_weight_decay rule: layer scales, say), and the rest at --weight-decay. Norms before
+    biases reproduces torchvision's recipes that set --norm-weight-decay alone (RN50 v2: BN biases 0, the
+    classifier's bias decayed); torchvision differs only where both are set apart (its bias key wins there).
+    With the default decays (all 0) this is timm's param_groups_weight_decay. The first group holds the weights
+    (the ones LARS and LAMB adapt)."""
     decays = decays if isinstance(decays, Decays) else Decays(decays)
     exempt = getattr(model, "no_weight_decay", None)  # timm's models name their embeddings here
     timm_embeddings = tuple(exempt()) if callable(exempt) else ()
@@ -65,10 +67,10 @@ def parameter_groups(model: torch.nn.Module, decays: Decays | float) -> list[dic
             full = f"{module_name}.{name}" if module_name else name
             if name in TORCHVISION_EMBEDDINGS or any(fnmatch.fnmatch(full, p) for p in timm_embeddings):
                 key = (decays.embeddings, False)
-            elif name == "bias":
-                key = (decays.biases, False)
             elif isinstance(module, NORM_CLASSES):
                 key = (decays.norms, False)
+            elif name == "bias":
+                key = (decays.biases, False)
             else:
                 key = (decays.weights, True) if parameter.ndim > 1 else (0.0, False)
             groups.setdefault(key, []).append(parameter)
