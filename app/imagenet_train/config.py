@@ -181,9 +181,9 @@ class DataConfig:
     # -- recipes2 (#31): settings published figures depend on ------------------------------------------
     interpolation: str = setting(
         Interpolation.BILINEAR.value,
-        "resampling of the training crop, the augmentation policy and the evaluation resize: bilinear "
-        "(torchvision's default) or bicubic (timm's, and the ViT and EfficientNet figures'); --decoder dali and "
-        "fused use it too",
+        "resampling of the training crop and the evaluation resize, with every --decoder (the --auto-augment "
+        "policy stays bilinear): bilinear (torchvision's default) or bicubic (timm's, and the ViT and EfficientNet "
+        "figures')",
         choices=Interpolation,
     )
 

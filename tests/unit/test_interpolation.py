@@ -56,9 +56,14 @@ def test_the_evaluation_resize_takes_the_interpolation():
     assert torch.equal(val, functional.center_crop(resized, [32, 32]))
 
 
-def test_the_policy_takes_the_interpolation_and_the_flag_reaches_the_config():
-    assert policy("ra", "bicubic").interpolation == BICUBIC
-    assert policy("ta_wide").interpolation == BILINEAR  # torchvision's default
+def test_the_policy_runs_under_bicubic_and_the_flag_reaches_the_config():
+    # torchvision's tensor affine takes no bicubic: the policy stays bilinear and runs on every uint8 crop.
+    torch.manual_seed(0)
+    crop = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
+    for name in ("ra", "ta_wide", "imagenet"):
+        chosen = policy(name, "bicubic")
+        assert chosen.interpolation == BILINEAR
+        assert all(chosen(crop).shape == crop.shape for _ in range(30))
     cfg = _config_from(build_parser().parse_args(["train", "--shards", "x", "--interpolation", "bicubic"]))
     assert cfg.data.interpolation == "bicubic"
     assert FusedCropDecoder(32, interpolation="bicubic").at_size(48).interpolation == "bicubic"

@@ -26,8 +26,12 @@ def interpolation_mode(name: Interpolation | str) -> v2.InterpolationMode:
 def policy(
     name: AutoAugment | str, interpolation: Interpolation | str = Interpolation.BILINEAR
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The --auto-augment policy as torchvision's reference builds it (with its --interpolation), or None."""
+    """The --auto-augment policy as torchvision's reference builds it, or None for none. Its geometric operations
+    on a tensor take nearest or bilinear only (torchvision's affine refuses bicubic there; its reference, on PIL
+    images, can), so under --interpolation bicubic the policy stays bilinear."""
     mode = interpolation_mode(interpolation)
+    if mode is v2.InterpolationMode.BICUBIC:
+        mode = v2.InterpolationMode.BILINEAR
     if name == AutoAugment.TA_WIDE:
         return v2.TrivialAugmentWide(interpolation=mode)
     if name == AutoAugment.RA:
