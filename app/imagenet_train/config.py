@@ -15,9 +15,16 @@ from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.declarations import Setting, check, declared, setting
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.resumable import IO_TIMEOUT
-from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, BrokenShardPolicy, Decoder
+from imagenet_train.loading.options import (
+    CROP_SIZE,
+    MIN_CROP_SCALE,
+    AutoAugment,
+    BrokenShardPolicy,
+    Decoder,
+    Interpolation,
+)
 from imagenet_train.planning import plan
-from imagenet_train.planning.optimization import AUTO_WARMUP, LrSchedule, Opt
+from imagenet_train.planning.optimization import AUTO_WARMUP, Loss, LrSchedule, Opt, WarmupMethod
 from imagenet_train.planning.plan import Mode
 
 
@@ -41,6 +48,9 @@ class WeightsHead(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+DEFAULT_DROP_PATH = -1.0  # --drop-path -1: the model's own default
 
 
 @dataclass
@@ -176,6 +186,13 @@ class DataConfig:
         minimum=1,
         maximum=10_000_000,
     )
+    interpolation: str = setting(
+        Interpolation.BILINEAR.value,
+        "resampling of the training crop and the evaluation resize, with every --decoder (the --auto-augment "
+        "policy stays bilinear): bilinear (torchvision's default) or bicubic (timm's, and the ViT and EfficientNet "
+        "figures')",
+        choices=Interpolation,
+    )
 
     def eval_crop_size(self) -> int:
         """The evaluation centre crop: --val-crop-size, else the train crop size (as before they were separate)."""
@@ -193,8 +210,9 @@ class OptimConfig:
     )
     lr: float = setting(
         0.1,
-        "peak learning rate for a global batch of 256 (scaled linearly, for every --opt; AdamW and LAMB want far "
-        "less than SGD and LARS, about 1e-3)",
+        "peak learning rate for a global batch of 256, scaled to the run's as timm's train.py scales --lr-base: "
+        "linearly for sgd and lars (x global batch / 256), by the square root for adamw and lamb "
+        "(x sqrt(global batch / 256)); the global batch is the optimizer's, --grad-accum-steps included",
         above=0,
         maximum=1e3,
     )
@@ -202,7 +220,9 @@ class OptimConfig:
     nesterov: bool = setting(False, "Nesterov momentum (sgd and lars)")
     weight_decay: float = setting(
         1e-4,
-        "weight decay (not applied to biases and norms, which LARS and LAMB also leave unadapted)",
+        "weight decay of the weights; biases, norms and transformer embeddings take --bias-weight-decay, "
+        "--norm-weight-decay and --transformer-embedding-decay, other one-dimensional parameters none "
+        "(timm's rule); LARS and LAMB leave the undecayed ones unadapted",
         minimum=0,
         maximum=1,
     )
@@ -228,9 +248,11 @@ class OptimConfig:
     lr_gamma: float = setting(0.1, "--lr-schedule step: the factor at each drop", above=0, maximum=1)
     lr_end: float = setting(
         0.0,
-        "--lr-schedule cosine and poly: the LR at the end of the run (MLPerf's poly: 0.0001)",
+        "--lr-schedule cosine and poly: the LR at the end of the run (MLPerf's poly: 0.0001; torchvision's "
+        "--lr-min, cosine's eta_min)",
         minimum=0,
         maximum=1e3,
+        aliases=("lr_min",),
     )
     clip_grad_norm: float = setting(
         0.0,
@@ -265,6 +287,60 @@ class OptimConfig:
         minimum=0,
         maximum=1,
     )
+    norm_weight_decay: float = setting(
+        0.0,
+        "weight decay of normalisation layers' parameters (torchvision's --norm-weight-decay; 0 as timm and "
+        "torchvision's recipes; --weight-decay's value gives torchvision's default)",
+        minimum=0,
+        maximum=1,
+    )
+    bias_weight_decay: float = setting(
+        0.0,
+        "weight decay of the biases outside normalisation layers (torchvision's --bias-weight-decay; 0 as timm; "
+        "torchvision's RN50 v2 decays the classifier's bias: --weight-decay's value)",
+        minimum=0,
+        maximum=1,
+    )
+    transformer_embedding_decay: float = setting(
+        0.0,
+        "weight decay of transformer embeddings: timm's model.no_weight_decay() names (pos_embed, cls_token) and "
+        "torchvision's class_token, position_embedding, relative_position_bias_table "
+        "(torchvision's --transformer-embedding-decay; 0 as timm)",
+        minimum=0,
+        maximum=1,
+    )
+    lr_warmup_method: str = setting(
+        WarmupMethod.LINEAR.value,
+        "the warmup's shape (torchvision's --lr-warmup-method): linear (from --lr-warmup-decay x the peak up to "
+        "it) or constant (--lr-warmup-decay x the peak throughout)",
+        choices=WarmupMethod,
+    )
+    lr_warmup_decay: float = setting(
+        0.0,
+        "the warmup's start as a fraction of the peak LR (torchvision's --lr-warmup-decay, whose default is 0.01; "
+        "0: from 0, as Goyal et al.)",
+        minimum=0,
+        maximum=1,
+    )
+    grad_accum_steps: int = setting(
+        1,
+        "gradient accumulation: batches per optimizer step (timm's --grad-accum-steps); the global batch the LR "
+        "and warmup scale with is --batch-size x ranks x this; DDP syncs gradients only on the last of them",
+        minimum=1,
+        maximum=1024,
+    )
+    loss: str = setting(
+        Loss.CE.value,
+        "training loss: ce (CrossEntropyLoss with --label-smoothing) or bce (timm's BinaryCrossEntropy, ResNet "
+        "Strikes Back; --label-smoothing smooths hard targets, MixUp/CutMix's soft targets are taken as they are)",
+        choices=Loss,
+    )
+    bce_target_threshold: float = setting(
+        0.0,
+        "--loss bce: binarise the targets above this (timm's --bce-target-thresh, RSB's A1/A2: 0.2; 0: off)",
+        minimum=0,
+        maximum=1,
+    )
 
 
 @dataclass
@@ -277,8 +353,9 @@ class RunConfig:
     zero_init_residual: bool = setting(
         False,
         "zero the scale (gamma) of the last BN in each residual block, so each block starts as the identity "
-        "(torchvision's ResNet family, timm's models with zero_init_last; an error for other archs); off as in "
-        "torchvision's reference, FFCV- and timm-style recipes turn it on",
+        "(torchvision's ResNet family, timm's models with zero_init_last; an error for other archs); off: each "
+        "library's default, off for torchvision's models as in its reference, timm's own zero_init_last default "
+        "for timm's (on for its ResNets)",
     )
     blurpool: bool = setting(
         False,
@@ -329,6 +406,19 @@ class RunConfig:
         True,
         "write TensorBoard events (loss, LR, top-1/top-5, img/s, data wait, per-rank batches) under "
         "RUN_DIR/tensorboard",
+    )
+    drop_path: float = setting(
+        DEFAULT_DROP_PATH,
+        "stochastic depth: timm's drop_path_rate, torchvision's stochastic_depth_prob (EfficientNet and ConvNeXt; "
+        "Swin's and MaxViT's builders fix it); -1: the model's own default (timm's 0, torchvision's builder's, "
+        "e.g. 0.2 for efficientnet_b0)",
+        minimum=DEFAULT_DROP_PATH,
+        maximum=0.99,
+    )
+    sync_bn: bool = setting(
+        False,
+        "BatchNorm statistics over all ranks (torch.nn.SyncBatchNorm.convert_sync_batchnorm), on CUDA across "
+        "ranks only: refused on CPU, where torch's SyncBatchNorm does not run",
     )
 
 

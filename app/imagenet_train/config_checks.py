@@ -7,7 +7,7 @@ from typing import Any
 
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.options import Decoder
-from imagenet_train.planning.optimization import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, Opt
+from imagenet_train.planning.optimization import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, Loss, Opt, WarmupMethod
 from imagenet_train.planning.plan import Mode
 
 
@@ -46,6 +46,7 @@ def _check_optimizer(cfg: Any) -> None:
         raise ImagenetTrainError(
             f"--warmup-epochs: expected -1 (auto) or a number >= 0, got '{clip(optim.warmup_epochs)}'"
         )
+    _check_recipe_settings(cfg)
     if optim.nesterov and opt not in MOMENTUM_OPTS:
         raise ImagenetTrainError(f"--nesterov: applies to --opt sgd and lars, not --opt {opt}; drop it")
     if optim.nesterov and not optim.momentum:
@@ -60,6 +61,32 @@ def _check_optimizer(cfg: Any) -> None:
         from imagenet_train.compat import require_timm
 
         require_timm(f"--opt {opt}")
+
+
+def _check_recipe_settings(cfg: Any) -> None:
+    """The warmup shape, drop-path, BCE and accumulation settings that cannot go together."""
+    optim = cfg.optim
+    if optim.lr_warmup_method == WarmupMethod.CONSTANT and not optim.lr_warmup_decay:
+        raise ImagenetTrainError(
+            "--lr-warmup-method constant: holds the LR at --lr-warmup-decay x the peak, which is 0; expected "
+            "--lr-warmup-decay above 0 (torchvision's default: 0.01)"
+        )
+    if cfg.run.drop_path < 0 and cfg.run.drop_path != -1:
+        raise ImagenetTrainError(
+            f"--drop-path: expected -1 (the model's default) or a number >= 0, got '{clip(cfg.run.drop_path)}'"
+        )
+    if optim.bce_target_threshold and optim.loss != Loss.BCE:
+        raise ImagenetTrainError("--bce-target-threshold: applies to --loss bce only; drop it or add --loss bce")
+    if optim.loss == Loss.BCE:
+        from imagenet_train.compat import require_timm
+
+        require_timm("--loss bce")
+    if optim.grad_accum_steps > 1 and optim.model_ema:
+        # The EMA hook counts loader steps, not optimizer steps: its horizon would be off by the accumulation.
+        raise ImagenetTrainError(
+            "--grad-accum-steps: not yet with --model-ema (the EMA counts batches, not optimizer steps); "
+            "expected --grad-accum-steps 1 or --no-model-ema"
+        )
 
 
 def _check_resolution(data: Any) -> None:

@@ -128,3 +128,22 @@ def test_decoder_dali_trains_the_digits_demo_on_the_cpu_backend(digit_shards, tm
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = read_metrics(run_dir)
     assert len(metrics) == 3 and metrics[-1]["top1"] >= 0.8, metrics  # simplejpeg's band on this demo
+
+
+def test_interpolation_reaches_dalis_resize():
+    data = _random_blocks_jpeg()
+    samples = [(data, 0, "k")]
+    ((linear, _, _),) = dali_batches(samples, DaliAugment(96, train=False, resize=96, normalized=False), batch=1)
+    again = DaliAugment(96, train=False, resize=96, normalized=False, interpolation="bilinear")
+    ((same, _, _),) = dali_batches(samples, again, batch=1)
+    cubic = DaliAugment(96, train=False, resize=96, normalized=False, interpolation="bicubic")
+    ((bicubic, _, _),) = dali_batches(samples, cubic, batch=1)
+    assert torch.equal(linear, same) and not torch.equal(linear, bicubic)
+
+
+def _random_blocks_jpeg(side: int = 48) -> bytes:
+    """Sharp 8-pixel blocks: enlarged, bilinear and bicubic disagree at every edge."""
+    pixels = np.random.default_rng(0).integers(0, 256, (side // 8, side // 8, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels.repeat(8, 0).repeat(8, 1)).save(out, "JPEG", quality=95)
+    return out.getvalue()

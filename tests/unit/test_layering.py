@@ -194,6 +194,9 @@ def test_the_training_package_imports_no_decoder():
 # A module past ~400 lines has stopped doing one job; the loop and the epoch stream read top to bottom.
 MAX_LINES = 400
 SHORTER = {"training/loop.py": 300, "loading/stream.py": 300}
+# config.py is one declaration per setting (the house rule: every setting is declared there once), so it grows
+# with the settings, not with what it does.
+LONGER = {"config.py": 500}
 
 
 def test_no_module_is_longer_than_it_should_be():
@@ -201,8 +204,9 @@ def test_no_module_is_longer_than_it_should_be():
     for path in MODULES.values():
         relative = str(path.relative_to(PACKAGE))
         lines = len(path.read_text().splitlines())
-        if lines > SHORTER.get(relative, MAX_LINES):
-            long.append(f"{relative}: {lines} lines (at most {SHORTER.get(relative, MAX_LINES)})")
+        limit = SHORTER.get(relative) or LONGER.get(relative, MAX_LINES)
+        if lines > limit:
+            long.append(f"{relative}: {lines} lines (at most {limit})")
     assert not long, "split these by job:\n" + "\n".join(long)
 
 

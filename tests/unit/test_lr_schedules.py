@@ -3,8 +3,18 @@
 
 import pytest
 
+from imagenet_train.cli import build_parser
+from imagenet_train.commands.train_cmd import _config_from
 from imagenet_train.config import Config
-from imagenet_train.planning.optimization import LrCurve, LrSchedule, Opt, large_batch_advice, warmup_epochs
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.planning.optimization import (
+    LrCurve,
+    LrSchedule,
+    Opt,
+    WarmupMethod,
+    large_batch_advice,
+    warmup_epochs,
+)
 from imagenet_train.planning.schedule import Schedule
 
 pytestmark = pytest.mark.unit
@@ -104,3 +114,32 @@ def test_the_schedule_advises_on_a_large_batch_and_on_a_warmup_as_long_as_the_ru
     assert not schedule(batch_size=8192, train_samples=1_000_000, opt="lars").advice()
     short = schedule(epochs=1, warmup_epochs=1.0)
     assert any("LR only ever rises" in line for line in short.advice())
+
+
+def test_linear_warmup_starts_at_lr_warmup_decay_of_the_peak_as_torchvisions_linearlr():
+    lr = LrCurve(LrSchedule.COSINE, 1.0, warmup=1000, total=10_000, batch=100, warmup_start=0.01)
+    assert lr.at(0) == pytest.approx(0.01 + 0.99 * 0.1)  # one step's worth of the ramp from 1% of the peak
+    assert lr.at(400) == pytest.approx(0.01 + 0.99 * 0.5)
+    assert lr.at(900) == pytest.approx(1.0)
+
+
+def test_constant_warmup_holds_lr_warmup_decay_of_the_peak_then_jumps_to_it():
+    lr = LrCurve(LrSchedule.COSINE, 1.0, 1000, 10_000, 100, warmup_method=WarmupMethod.CONSTANT, warmup_start=1 / 3)
+    assert [lr.at(seen) for seen in (0, 500, 900)] == pytest.approx([1 / 3] * 3)
+    assert lr.at(1000) == pytest.approx(1.0)
+
+
+def test_the_warmup_settings_reach_the_schedule_and_constant_from_zero_is_refused():
+    s = schedule(lr_warmup_method="constant", lr_warmup_decay=0.25, warmup_epochs=1.0)
+    assert s.lr(0, 0, 100) == pytest.approx(0.25 * s.base_lr)
+    cfg = Config()
+    cfg.data.shards, cfg.optim.lr_warmup_method = "shards.json", "constant"
+    with pytest.raises(ImagenetTrainError, match=r"^--lr-warmup-method constant: .*--lr-warmup-decay above 0"):
+        cfg.validate()
+
+
+def test_lr_min_is_torchvisions_name_for_cosines_floor():
+    cfg = _config_from(build_parser().parse_args(["train", "--shards", "x", "--lr-min", "0.002"]))
+    assert cfg.optim.lr_end == 0.002
+    s = schedule(lr_end=0.002)
+    assert s.curve.at(s.curve.total) == pytest.approx(0.002)

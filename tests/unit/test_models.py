@@ -69,8 +69,13 @@ def test_zero_init_residual_zeroes_the_last_bn_of_every_block_only(arch):
     zeroed = models.build_model(arch, 10, zero_init_residual=True)
     assert all(not gamma.any() for gamma in _last_bns(zeroed))
     assert zeroed.bn1.weight.detach().all()  # the stem's BN keeps its scale of one
-    plain = models.build_model(arch, 10)  # timm's ResNet zero-inits by its own default: off means off here too
-    assert all(gamma.all() for gamma in _last_bns(plain))
+
+
+@pytest.mark.parametrize(("arch", "zeroed_by_default"), [("resnet18", False), ("timm/resnet18d", True)])
+def test_without_zero_init_residual_each_library_keeps_its_own_default(arch, zeroed_by_default):
+    # torchvision's ResNet starts with unit scales; timm's create_model zero-inits its ResNets (zero_init_last).
+    plain = models.build_model(arch, 10)
+    assert all(not gamma.any() if zeroed_by_default else gamma.all() for gamma in _last_bns(plain))
 
 
 @pytest.mark.parametrize("arch", ["vgg11", "timm/test_vit"])

@@ -2,13 +2,12 @@
 LAMB, get a trust ratio), and LARS/LAMB without timm is one line naming the flag."""
 
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from imagenet_train.compat import require_timm
-from imagenet_train.config import Config
+from imagenet_train.config import Config, OptimConfig
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.planning.optimization import Opt
 from imagenet_train.training.optimizers import build_optimizer
@@ -16,8 +15,8 @@ from imagenet_train.training.optimizers import build_optimizer
 pytestmark = pytest.mark.unit
 
 
-def optim(opt: Opt, weight_decay: float = 0.05, nesterov: bool = False) -> SimpleNamespace:
-    return SimpleNamespace(opt=opt.value, weight_decay=weight_decay, momentum=0.9, nesterov=nesterov)
+def optim(opt: Opt, weight_decay: float = 0.05, nesterov: bool = False) -> OptimConfig:
+    return OptimConfig(opt=opt.value, weight_decay=weight_decay, momentum=0.9, nesterov=nesterov)
 
 
 def small_model() -> torch.nn.Module:

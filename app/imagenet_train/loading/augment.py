@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.loading.options import AutoAugment
+from imagenet_train.loading.options import AutoAugment, Interpolation
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402
@@ -18,21 +18,34 @@ from torchvision.transforms import v2  # noqa: E402
 MEAN_PIXEL = (124, 116, 104)  # round(IMAGENET_MEAN x 255)
 
 
-def policy(name: AutoAugment | str) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The --auto-augment policy as torchvision's reference builds it (bilinear), or None for none."""
-    bilinear = v2.InterpolationMode.BILINEAR
+def interpolation_mode(name: Interpolation | str) -> v2.InterpolationMode:
+    """torchvision's InterpolationMode for an --interpolation word."""
+    return v2.InterpolationMode(str(Interpolation(name)))
+
+
+def policy(
+    name: AutoAugment | str, interpolation: Interpolation | str = Interpolation.BILINEAR
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The --auto-augment policy as torchvision's reference builds it, or None for none. Its geometric operations
+    on a tensor take nearest or bilinear only (torchvision's affine refuses bicubic there; its reference, on PIL
+    images, can), so under --interpolation bicubic the policy stays bilinear."""
+    mode = interpolation_mode(interpolation)
+    if mode is v2.InterpolationMode.BICUBIC:
+        mode = v2.InterpolationMode.BILINEAR
     if name == AutoAugment.TA_WIDE:
-        return v2.TrivialAugmentWide(interpolation=bilinear)
+        return v2.TrivialAugmentWide(interpolation=mode)
     if name == AutoAugment.RA:
-        return v2.RandAugment(interpolation=bilinear)
+        return v2.RandAugment(interpolation=mode)
     if name == AutoAugment.IMAGENET:
-        return v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=bilinear)
+        return v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=mode)
     return None
 
 
-def after_crop(name: AutoAugment | str, erase: float) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def after_crop(
+    name: AutoAugment | str, erase: float, interpolation: Interpolation | str = Interpolation.BILINEAR
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """What runs on the uint8 crop: the policy, then RandomErasing with probability `erase` (None: nothing)."""
-    steps = [step for step in (policy(name),) if step is not None]
+    steps = [step for step in (policy(name, interpolation),) if step is not None]
     if erase:
         steps.append(v2.RandomErasing(p=erase, value=list(MEAN_PIXEL)))
     if not steps:

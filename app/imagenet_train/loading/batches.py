@@ -67,6 +67,7 @@ def train_loader(
         data.max_image_pixels,
         data.auto_augment,
         data.random_erase,
+        data.interpolation,
     )
     transform, collate = _per_sample(data, preset)
     stream = ShardStream(
@@ -101,7 +102,8 @@ def val_loader(cfg: Any, rank: int, world: int, device: torch.device, source: Da
         return None
     data = cfg.data
     transform, collate = _per_sample(
-        data, ValPreset(data.eval_crop_size(), data.val_resize_size or None, data.max_image_pixels)
+        data,
+        ValPreset(data.eval_crop_size(), data.val_resize_size or None, data.max_image_pixels, data.interpolation),
     )
     stream = ShardStream(
         urls=source.val_urls,
@@ -142,9 +144,16 @@ class RunBatches:
         data = cfg.data
         self.augment = {
             self.train: DaliAugment(
-                data.train_crop_size, True, data.min_crop_scale, data.hflip, auto_augment=data.auto_augment
+                data.train_crop_size,
+                True,
+                data.min_crop_scale,
+                data.hflip,
+                auto_augment=data.auto_augment,
+                interpolation=data.interpolation,
             ),
-            self.val: DaliAugment(data.eval_crop_size(), False, resize=data.val_resize_size or None),
+            self.val: DaliAugment(
+                data.eval_crop_size(), False, resize=data.val_resize_size or None, interpolation=data.interpolation
+            ),
         }
         self.dali: dict[EpochLoader, DaliDecoder] = {}  # made on first use
 

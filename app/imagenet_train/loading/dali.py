@@ -21,7 +21,7 @@ from torch.utils.data import get_worker_info
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_image
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.normalize import IMAGENET_MEAN, IMAGENET_STD
-from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, Interpolation
 
 Batch = tuple[torch.Tensor, torch.Tensor, list]
 
@@ -80,6 +80,7 @@ class DaliAugment:
     resize: int | None = None  # evaluation: short side before the centre crop (default size / 0.875)
     normalized: bool = True  # float32 ImageNet-normalised output; False: uint8 (normalised later)
     auto_augment: AutoAugment | str = AutoAugment.NONE  # training: DALI's own (nvidia.dali.auto_aug) policy
+    interpolation: Interpolation | str = Interpolation.BILINEAR  # fn.resize's (the policies keep DALI's own)
 
 
 class DaliDecoder:
@@ -139,6 +140,7 @@ class DaliDecoder:
             enable_conditionals=augment.train and augment.auto_augment != AutoAugment.NONE,  # auto_aug needs them
         )
         def pipeline():
+            interp = types.INTERP_CUBIC if augment.interpolation == Interpolation.BICUBIC else types.INTERP_LINEAR
             jpegs = fn.external_source(source=self._next_jpegs, batch=True, dtype=types.UINT8, cycle=None)
             if augment.train:
                 images = fn.decoders.image_random_crop(
@@ -149,7 +151,9 @@ class DaliDecoder:
                     random_aspect_ratio=[3 / 4, 4 / 3],
                     num_attempts=10,
                 )
-                images = fn.resize(images, resize_x=augment.size, resize_y=augment.size, antialias=True)
+                images = fn.resize(
+                    images, resize_x=augment.size, resize_y=augment.size, antialias=True, interp_type=interp
+                )
                 mirror = fn.random.coin_flip(probability=0.5 if augment.hflip else 0.0)
                 if augment.auto_augment != AutoAugment.NONE:
                     # On the crop, before the flip: the policies draw each operation's sign at random,
@@ -158,7 +162,9 @@ class DaliDecoder:
                 crop = None
             else:
                 images = fn.decoders.image(jpegs, device=decode_on, output_type=types.RGB)
-                images = fn.resize(images, resize_shorter=augment.resize or round(augment.size / 0.875))
+                images = fn.resize(
+                    images, resize_shorter=augment.resize or round(augment.size / 0.875), interp_type=interp
+                )
                 mirror, crop = 0, (augment.size, augment.size)
             scale = 255.0 if augment.normalized else None
             return fn.crop_mirror_normalize(

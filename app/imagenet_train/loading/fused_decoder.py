@@ -18,7 +18,7 @@ import torch
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
 from imagenet_train.loading.crop_boxes import Box, random_resized_crop_box
-from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, Interpolation
 
 ensure_torchvision()
 from torchvision.transforms.v2 import functional  # noqa: E402
@@ -37,12 +37,18 @@ def dct_scale(box: Box, size: int, factors: list[Fraction]) -> Fraction:
     return Fraction(1)
 
 
-def resize_box(image: np.ndarray, box: tuple[float, float, float, float], size: int) -> torch.Tensor:
-    """The (left, top, right, bottom) box of an HWC uint8 image, resized (bilinear, antialiased) to a CHW
-    size x size tensor. The HWC memory is kept (a channels-last view): torch's uint8 SIMD resize needs it."""
+def resize_box(
+    image: np.ndarray,
+    box: tuple[float, float, float, float],
+    size: int,
+    interpolation: Interpolation | str = Interpolation.BILINEAR,
+) -> torch.Tensor:
+    """The (left, top, right, bottom) box of an HWC uint8 image, resized (antialiased, bilinear or bicubic) to a
+    CHW size x size tensor. The HWC memory is kept (a channels-last view): torch's uint8 SIMD resize needs it."""
     left, top, right, bottom = (int(round(v)) for v in box)
     view = torch.from_numpy(image).permute(2, 0, 1)[:, top : max(bottom, top + 1), left : max(right, left + 1)]
-    return functional.resize(view, [size, size], antialias=True)
+    mode = functional.InterpolationMode(str(interpolation))
+    return functional.resize(view, [size, size], interpolation=mode, antialias=True)
 
 
 class FusedCropDecoder:
@@ -54,8 +60,10 @@ class FusedCropDecoder:
         scale: tuple[float, float] = (MIN_CROP_SCALE, 1.0),
         hflip: bool = True,
         max_pixels: int = MAX_IMAGE_PIXELS,
+        interpolation: Interpolation | str = Interpolation.BILINEAR,  # the final resize's; the DCT scales first
     ):
         self.size, self.scale, self.hflip, self.max_pixels = size, scale, hflip, max_pixels
+        self.interpolation = interpolation
         self._jpeg = None
         self.fused = self.fallbacks = 0  # how often each path ran, for benchmarks and tests
 
@@ -74,7 +82,7 @@ class FusedCropDecoder:
 
     def at_size(self, size: int) -> FusedCropDecoder:
         """The same decoder cropping to `size`."""
-        return FusedCropDecoder(size, self.scale, self.hflip, self.max_pixels)
+        return FusedCropDecoder(size, self.scale, self.hflip, self.max_pixels, self.interpolation)
 
     def __call__(self, data: bytes) -> torch.Tensor:
         try:
@@ -112,7 +120,7 @@ class FusedCropDecoder:
         f = float(factor)
         region = ((box.left - left) * f, (box.top - top) * f, (right - left) * f, (bottom - top) * f)
         region = (region[0], region[1], min(region[2], decoded.shape[1]), min(region[3], decoded.shape[0]))
-        return resize_box(decoded, region, self.size)
+        return resize_box(decoded, region, self.size, self.interpolation)
 
     def _plain(self, data: bytes) -> tuple[torch.Tensor, Box]:
         """Full decode (PIL handles CMYK and progressive JPEGs), then the same crop."""
@@ -121,7 +129,7 @@ class FusedCropDecoder:
             array = np.asarray(image.convert("RGB"))
         box = random_resized_crop_box(array.shape[0], array.shape[1], self.scale)
         region = (box.left, box.top, box.left + box.width, box.top + box.height)
-        return resize_box(array, region, self.size), box
+        return resize_box(array, region, self.size, self.interpolation), box
 
 
 def available() -> bool:

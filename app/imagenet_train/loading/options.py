@@ -43,3 +43,13 @@ class AutoAugment(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class Interpolation(str, Enum):
+    """How training crops and evaluation resizes are resampled (the value is the --interpolation word)."""
+
+    BILINEAR = "bilinear"  # torchvision's default
+    BICUBIC = "bicubic"  # timm's, and the ViT/EfficientNet figures'
+
+    def __str__(self) -> str:
+        return self.value

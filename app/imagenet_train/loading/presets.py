@@ -13,9 +13,9 @@ import torch
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
-from imagenet_train.loading.augment import after_crop
+from imagenet_train.loading.augment import after_crop, interpolation_mode
 from imagenet_train.loading.crop_boxes import random_resized_crop_box
-from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, Decoder
+from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, Decoder, Interpolation
 from imagenet_train.loading.sized import Then, at_size
 
 ensure_torchvision()
@@ -68,10 +68,14 @@ class RandomResizedCropFlip:
     size: int
     scale: tuple[float, float]
     hflip: bool
+    interpolation: Interpolation | str = Interpolation.BILINEAR
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         box = random_resized_crop_box(image.shape[-2], image.shape[-1], self.scale)
-        out = functional.resized_crop(image, box.top, box.left, box.height, box.width, [self.size] * 2, antialias=True)
+        mode = interpolation_mode(self.interpolation)
+        out = functional.resized_crop(
+            image, box.top, box.left, box.height, box.width, [self.size] * 2, interpolation=mode, antialias=True
+        )
         if self.hflip and torch.rand(1).item() < 0.5:
             out = out.flip(-1)
         return out
@@ -96,20 +100,21 @@ class TrainPreset:
     max_pixels: int = MAX_IMAGE_PIXELS  # images above it are refused from their header (a corrupt sample)
     auto_augment: AutoAugment | str = AutoAugment.NONE  # a policy on the uint8 crop (loading.augment)
     random_erase: float = 0.0  # RandomErasing's probability, after the policy
+    interpolation: Interpolation | str = Interpolation.BILINEAR  # the crop's resize and the policy's
 
     def build(self) -> Callable[[bytes], torch.Tensor]:
         """The per-sample transform; it takes another crop size through `at_size` (loading.augment)."""
         if self.decoder == Decoder.FUSED:
             from imagenet_train.loading.fused_decoder import FusedCropDecoder
 
-            crop = FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip, self.max_pixels)
+            crop = FusedCropDecoder(self.size, (self.min_scale, 1.0), self.hflip, self.max_pixels, self.interpolation)
         else:
             decode = decode_pil if self.decoder == Decoder.PIL else decode_rgb
             crop = DecodeThen(
                 partial(decode, max_pixels=self.max_pixels),
-                RandomResizedCropFlip(self.size, (self.min_scale, 1.0), self.hflip),
+                RandomResizedCropFlip(self.size, (self.min_scale, 1.0), self.hflip, self.interpolation),
             )
-        after = after_crop(self.auto_augment, self.random_erase)
+        after = after_crop(self.auto_augment, self.random_erase, self.interpolation)
         return Then(crop, after) if after else crop
 
 
@@ -120,9 +125,13 @@ class ValPreset:
     size: int = CROP_SIZE
     resize: int | None = None
     max_pixels: int = MAX_IMAGE_PIXELS
+    interpolation: Interpolation | str = Interpolation.BILINEAR
 
     def build(self) -> Callable[[bytes], torch.Tensor]:
         """The per-sample transform: decode, resize the short side, centre-crop."""
         resize = self.resize or round(self.size / 0.875)
         decode = partial(decode_rgb, max_pixels=self.max_pixels)
-        return DecodeThen(decode, v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(self.size)]))
+        mode = interpolation_mode(self.interpolation)
+        return DecodeThen(
+            decode, v2.Compose([v2.Resize(resize, interpolation=mode, antialias=True), v2.CenterCrop(self.size)])
+        )

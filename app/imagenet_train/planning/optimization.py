@@ -41,6 +41,37 @@ class LrSchedule(str, Enum):
         return self.value
 
 
+class Loss(str, Enum):
+    """The training loss (the value is the --loss word)."""
+
+    CE = "ce"  # torch's CrossEntropyLoss with --label-smoothing
+    BCE = "bce"  # timm.loss.BinaryCrossEntropy (ResNet Strikes Back)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class WarmupMethod(str, Enum):
+    """The LR's shape during the warmup (the value is the --lr-warmup-method word; torchvision's names)."""
+
+    LINEAR = "linear"  # torchvision's LinearLR: from --lr-warmup-decay x the peak up to the peak
+    CONSTANT = "constant"  # torchvision's ConstantLR: --lr-warmup-decay x the peak throughout, then the peak
+
+    def __str__(self) -> str:
+        return self.value
+
+
+LR_BASE_BATCH = 256  # the global batch --lr is given for (timm's --lr-base-size, Goyal et al.'s 256)
+SQRT_SCALED_OPTS = (Opt.ADAMW, Opt.LAMB)  # timm's train.py: 'ada' and 'lamb' optimizers scale by the square root
+
+
+def scaled_lr(lr: float, opt: Opt | str, global_batch: int) -> float:
+    """The peak LR for `global_batch` from --lr given at a batch of 256, as timm's train.py scales --lr-base:
+    linearly for SGD and LARS, by the square root of the ratio for the adaptive AdamW and LAMB."""
+    ratio = global_batch / LR_BASE_BATCH
+    return lr * (math.sqrt(ratio) if Opt(opt) in SQRT_SCALED_OPTS else ratio)
+
+
 def warmup_epochs(declared: float, global_batch: int) -> float:
     """Epochs of warmup: `declared`, or for -1 (auto) global batch / 1,638.4 epochs, between 1 and 5."""
     if declared != AUTO_WARMUP:
@@ -61,12 +92,17 @@ class LrCurve:
     end: float = 0.0  # where cosine and poly end
     gamma: float = 0.1  # step: the factor at each drop
     step_every: float = 0.0  # step: samples seen between drops
+    warmup_method: WarmupMethod = WarmupMethod.LINEAR
+    warmup_start: float = 0.0  # the warmup's start as a fraction of the peak (torchvision's --lr-warmup-decay)
 
     def at(self, seen: int) -> float:
         """The LR of the step that starts after `seen` samples."""
         if seen < self.warmup:
+            if self.warmup_method is WarmupMethod.CONSTANT:
+                return self.peak * self.warmup_start
             # Ramps by the samples seen once this step is done, so the first step trains (as in Goyal et al.).
-            return self.peak * min(1.0, (seen + self.batch) / self.warmup)
+            done = min(1.0, (seen + self.batch) / self.warmup)
+            return self.peak * (self.warmup_start + (1.0 - self.warmup_start) * done)
         if self.schedule is LrSchedule.STEP:
             drops = math.floor(seen / self.step_every) if self.step_every > 0 else 0
             return self.peak * self.gamma**drops

@@ -5,10 +5,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from imagenet_train.planning import optimization, plan
-from imagenet_train.planning.optimization import LrCurve, LrSchedule, Opt
+from imagenet_train.planning.optimization import LrCurve, LrSchedule, Opt, WarmupMethod, scaled_lr
+
+
+class Accumulation(NamedTuple):
+    """Where a loader step sits in its gradient-accumulation group."""
+
+    size: int  # loader steps in the group: the loss is divided by it
+    starts: bool  # the gradients are cleared before it
+    ends: bool  # DDP syncs the gradients and the optimizer steps after it
+
+
+ONE_STEP = Accumulation(1, True, True)  # no accumulation
 
 
 @dataclass(frozen=True)
@@ -31,14 +42,19 @@ class Schedule:
     lr_gamma: float = 0.1
     lr_end: float = 0.0
     opt: Opt = Opt.SGD
+    warmup_method: WarmupMethod = WarmupMethod.LINEAR
+    warmup_start: float = 0.0  # --lr-warmup-decay
+    accumulate: int = 1  # --grad-accum-steps: loader steps per optimizer step
 
     @classmethod
     def of(cls, cfg: Any, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
-        """The schedule of a run; the base LR scales linearly with the global batch (per 256).
+        """The schedule of a run; the base LR scales with the optimizer's global batch as timm scales --lr-base
+        (optimization.scaled_lr).
 
         `cfg` is the run's Config (its data, optim and run sections), read by name so that planning/ never
         imports config."""
         data, optim = cfg.data, cfg.optim
+        accumulate = getattr(optim, "grad_accum_steps", 1)
         return cls(
             mode=data.mode,
             train_samples=train_samples,
@@ -52,18 +68,33 @@ class Schedule:
             epochs_option=cfg.run.epochs,
             total_samples=cfg.run.total_samples,
             warmup_epochs=optim.warmup_epochs,
-            base_lr=optim.lr * data.batch_size * world / 256,
+            base_lr=scaled_lr(optim.lr, optim.opt, data.batch_size * world * accumulate),
             lr_schedule=LrSchedule(optim.lr_schedule),
             lr_step_epochs=optim.lr_step_epochs,
             lr_gamma=optim.lr_gamma,
             lr_end=optim.lr_end,
             opt=Opt(optim.opt),
+            warmup_method=WarmupMethod(optim.lr_warmup_method),
+            warmup_start=optim.lr_warmup_decay,
+            accumulate=accumulate,
         )
 
     @property
     def global_batch(self) -> int:
-        """Samples per optimizer step over all ranks."""
+        """Samples per loader step over all ranks (an optimizer step takes --grad-accum-steps of them)."""
         return self.batch_size * self.world
+
+    @property
+    def optimizer_batch(self) -> int:
+        """Samples per optimizer step over all ranks: what the LR scales with and the warmup grows with."""
+        return self.global_batch * self.accumulate
+
+    def accumulation(self, step: int, steps: int) -> Accumulation:
+        """Loader step `step` of an epoch of `steps`: its accumulation group (the epoch's last may be shorter, as
+        timm's), whether it starts the group and whether the optimizer steps after it."""
+        first = step - step % self.accumulate
+        size = max(1, min(self.accumulate, steps - first))
+        return Accumulation(size, step == first, step + 1 >= first + size)
 
     def epoch_batches(self, epoch: int) -> int:
         """Steps in one epoch: every rank's in resampled mode, the longest rank's in split/queue mode."""
@@ -111,7 +142,7 @@ class Schedule:
     @property
     def warmup(self) -> float:
         """Epochs of warmup, with -1 (auto) resolved for the global batch."""
-        return optimization.warmup_epochs(self.warmup_epochs, self.global_batch)
+        return optimization.warmup_epochs(self.warmup_epochs, self.optimizer_batch)
 
     def facts(self) -> dict[str, float]:
         """What a checkpoint records of the schedule it was taken under."""
@@ -130,21 +161,25 @@ class Schedule:
             self.base_lr,
             warmup=self.warmup * self.train_samples,
             total=self.total * self.global_batch,
-            batch=self.global_batch,
+            batch=self.optimizer_batch,
             end=self.lr_end,
             gamma=self.lr_gamma,
             step_every=self.lr_step_epochs * self.train_samples,
+            warmup_method=self.warmup_method,
+            warmup_start=self.warmup_start,
         )
 
     def lr(self, epoch: int, step: int, steps: int) -> float:
-        """The LR of a step: warmup, then --lr-schedule, at the samples seen (global steps x global batch)."""
-        global_step = epoch * self.interval + min(step, steps - 1)
+        """The LR of a step: warmup, then --lr-schedule, at the samples seen (global steps x global batch) when
+        its optimizer step's accumulation group began."""
+        step = min(step, steps - 1)
+        global_step = epoch * self.interval + step - step % self.accumulate
         return self.curve.at(global_step * self.global_batch)
 
     def advice(self) -> list[str]:
         """Pre-flight advice on the optimisation: plain SGD at a large global batch, a warmup as long as the run."""
         found = [
-            optimization.large_batch_advice(self.opt, self.global_batch, self.warmup_epochs),
+            optimization.large_batch_advice(self.opt, self.optimizer_batch, self.warmup_epochs),
             optimization.warmup_advice(self.curve.warmup, self.curve.total),
         ]
         return [line for line in found if line]

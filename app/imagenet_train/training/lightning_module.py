@@ -29,6 +29,7 @@ from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import models
+from imagenet_train.training.losses import build_criterion
 from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.preflight import preflight_check
 
@@ -51,6 +52,8 @@ def refuse_train_only_settings(cfg: Config) -> None:
         "--mixup-alpha": optim.mixup_alpha > 0,
         "--cutmix-alpha": optim.cutmix_alpha > 0,
         "--val-tta": run.val_tta,
+        "--grad-accum-steps": optim.grad_accum_steps > 1,
+        "--sync-bn": run.sync_bn,
     }
     given = [name for name, on in wanted.items() if on]
     if given:
@@ -114,7 +117,7 @@ class ImagenetModule(lightning.LightningModule):
         self.cfg = cfg
         torch.manual_seed(cfg.run.seed)
         self.model = models.create(cfg.run, num_classes, lightning.pytorch.utilities.rank_zero_only.rank == 0)
-        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+        self.criterion = build_criterion(cfg.optim)
         self.topk = min(5, num_classes)
         self.totals = torch.zeros(4, dtype=torch.float64)  # loss sum, top-1 hits, top-k hits, samples
         self.history: list[dict] = []  # per-epoch validation metrics, identical on every rank

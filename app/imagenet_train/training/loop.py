@@ -29,6 +29,7 @@ from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.ema import ema_scores, final_choice, run_ema, write_final
 from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
 from imagenet_train.training.key_log import consumed_keys
+from imagenet_train.training.losses import build_criterion
 from imagenet_train.training.mixing import batch_mixing
 from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.preempt import StepVote, StopRequest
@@ -56,12 +57,12 @@ class Trainer:
         torch.manual_seed(run.seed)  # identical initial weights on every rank
         channels_last = run.channels_last and info.device.type == "cuda"
         model = models.create(run, source.num_classes, info.is_main)
-        self.model, self.ddp, forward = distribute(model, info, channels_last, run.compile, self.exact)
+        self.model, self.ddp, forward = distribute(model, info, channels_last, run.compile, self.exact, run.sync_bn)
         seed_augmentation(run.seed, info.rank)
         self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
         optimizer = build_optimizer(cfg.optim, self.model, self.schedule.base_lr)
         self.amp = amp_dtype(run.amp, info.device)
-        criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+        criterion = build_criterion(cfg.optim)
         mixing = batch_mixing(cfg.optim.mixup_alpha, cfg.optim.cutmix_alpha, source.num_classes)
         self.step = TrainStep(
             self.model, forward, optimizer, criterion, self.amp, channels_last, cfg.optim.clip_grad_norm, mixing
@@ -191,7 +192,8 @@ class Trainer:
                         hook.before_step(tally.step, keys)
                     tally.lr = self.schedule.lr(epoch, tally.step, steps)
                     self.step.set_lr(tally.lr)
-                    tally.add(self.step(images, labels), len(labels))
+                    group = self.schedule.accumulation(tally.step, steps)
+                    tally.add(self.step(images, labels, group), len(labels))
                     bar.update()
                     if any([hook.after_step(tally.step) for hook in hooks]):  # a list: every hook runs every step
                         stopped = True

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.config import RunConfig, WeightsHead
+from imagenet_train.config import DEFAULT_DROP_PATH, RunConfig, WeightsHead
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.training.checkpoint import load_weights
 
@@ -39,25 +39,28 @@ def create(run: RunConfig, num_classes: int, is_main: bool = True) -> torch.nn.M
 def architecture(run: RunConfig, num_classes: int) -> torch.nn.Module:
     """The run's network before any weights are loaded: --arch, zero-inited as asked, with --blurpool's layers
     (so a checkpoint of a blurred model loads into it)."""
-    model = build_model(run.arch, num_classes, run.zero_init_residual)
+    model = build_model(run.arch, num_classes, run.zero_init_residual, run.drop_path)
     if run.blurpool:
         apply_blurpool(model, run.arch)
     return model
 
 
-def build_model(arch: str, num_classes: int, zero_init_residual: bool = False) -> torch.nn.Module:
-    """A torchvision model by name, or timm's as `timm/NAME`, randomly initialised for `num_classes`."""
+def build_model(
+    arch: str, num_classes: int, zero_init_residual: bool = False, drop_path: float = DEFAULT_DROP_PATH
+) -> torch.nn.Module:
+    """A torchvision model by name, or timm's as `timm/NAME`, randomly initialised for `num_classes`, with the
+    library's own defaults except where `zero_init_residual` (on) or `drop_path` (>= 0) say otherwise."""
     ensure_torchvision()  # before timm too: timm imports torchvision
     if arch.startswith(TIMM):
-        model = _timm_model(arch, num_classes, zero_init_residual)
+        model = _timm_model(arch, num_classes, zero_init_residual, drop_path)
     else:
-        model = _torchvision_model(arch, num_classes, zero_init_residual)
+        model = _torchvision_model(arch, num_classes, zero_init_residual, drop_path)
     if zero_init_residual and not _zeroed_norms(model):  # a model that took the keyword and did nothing with it
         raise _no_zero_init(arch)
     return model
 
 
-def _torchvision_model(arch: str, num_classes: int, zero_init_residual: bool) -> torch.nn.Module:
+def _torchvision_model(arch: str, num_classes: int, zero_init_residual: bool, drop_path: float) -> torch.nn.Module:
     import torchvision
 
     if arch not in torchvision.models.list_models(module=torchvision.models):
@@ -70,26 +73,48 @@ def _torchvision_model(arch: str, num_classes: int, zero_init_residual: bool) ->
         if torchvision.models.get_model_builder(arch).__module__ != "torchvision.models.resnet":
             raise _no_zero_init(arch)
         options["zero_init_residual"] = True
-    return torchvision.models.get_model(arch, weights=None, num_classes=num_classes, **options)
+    if drop_path != DEFAULT_DROP_PATH:
+        options["stochastic_depth_prob"] = drop_path
+    try:
+        return torchvision.models.get_model(arch, weights=None, num_classes=num_classes, **options)
+    except TypeError as error:
+        if "stochastic_depth_prob" not in str(error):
+            raise
+    # ResNet and ViT have no such keyword; Swin's and MaxViT's builders fix it (torchvision's train.py cannot set
+    # it either); EfficientNet and ConvNeXt take it.
+    raise ImagenetTrainError(
+        f"--drop-path: torchvision's {clip(arch)} takes no stochastic_depth_prob; expected --drop-path -1"
+    )
 
 
-def _timm_model(arch: str, num_classes: int, zero_init_residual: bool) -> torch.nn.Module:
+def _timm_model(arch: str, num_classes: int, zero_init_residual: bool, drop_path: float) -> torch.nn.Module:
     timm = _timm(f"--arch {clip(arch)}")
     name = arch.removeprefix(TIMM)
     if not timm.is_model(name):
         near = difflib.get_close_matches(name, timm.list_models(), n=3)
         hint = f"; did you mean {', '.join(TIMM + n for n in near)}?" if near else "; timm.list_models() lists them"
         raise ImagenetTrainError(f"--arch: timm has no model '{clip(name)}'{hint}")
-    # timm's general hook is the model's zero_init_last keyword (ResNet, RegNet, CSPNet, ByobNet, ResNetV2),
-    # which calls each residual block's own zero-init; several default it on, so it is always said outright.
+    # Only what a setting says outright is passed: everything else keeps timm's default, as timm's train.py
+    # (zero_init_last, on for its ResNets; drop_path_rate 0).
+    options = _timm_options(zero_init_residual, drop_path)
     try:
-        return timm.create_model(name, pretrained=False, num_classes=num_classes, zero_init_last=zero_init_residual)
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, **options)
     except TypeError as error:
-        if "zero_init_last" not in str(error):
+        taken = next((key for key in options if key in str(error)), None)
+        if taken is None:
             raise
-    if zero_init_residual:  # the model has no such keyword, or its entry point fixes it
+    if taken == "zero_init_last":  # the model has no such keyword, or its entry point fixes it
         raise _no_zero_init(arch)
-    return timm.create_model(name, pretrained=False, num_classes=num_classes)
+    raise ImagenetTrainError(f"--drop-path: timm's {clip(name)} takes no drop_path_rate; expected --drop-path -1")
+
+
+def _timm_options(zero_init_residual: bool, drop_path: float) -> dict:
+    """The create_model keywords the settings say outright (timm's hook for zero-init: zero_init_last, on ResNet,
+    RegNet, CSPNet, ByobNet, ResNetV2, which calls each residual block's own zero-init)."""
+    options: dict = {"zero_init_last": True} if zero_init_residual else {}
+    if drop_path != DEFAULT_DROP_PATH:
+        options["drop_path_rate"] = drop_path
+    return options
 
 
 def _timm(wanted: str):

@@ -37,6 +37,7 @@ def derived(info: DistInfo, schedule: Schedule, source: DataSource, amp: torch.d
     return {
         "world_size": info.world,
         "global_batch": schedule.global_batch,
+        "optimizer_batch": schedule.optimizer_batch,
         "base_lr": schedule.base_lr,
         "train_shards": len(source.train_urls),
         "val_shards": len(source.val_urls),

@@ -4,6 +4,7 @@ step."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -11,7 +12,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from imagenet_train.config import Amp
+from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.normalize import normalize
+from imagenet_train.planning.schedule import ONE_STEP, Accumulation
 from imagenet_train.training.dist import DistInfo
 
 log = logging.getLogger(__name__)
@@ -28,11 +31,30 @@ def amp_dtype(mode: Amp | str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16
 
 
+def sync_batchnorm(model: torch.nn.Module, device: torch.device, distributed: bool) -> torch.nn.Module:
+    """--sync-bn: every BatchNorm as torch's SyncBatchNorm, across ranks (torchvision's train.py converts only
+    when distributed; one process is its own batch). Refused on CPU, where SyncBatchNorm's forward fails."""
+    if device.type != "cuda":
+        raise ImagenetTrainError(
+            f"--sync-bn: needs CUDA (torch's SyncBatchNorm runs on GPUs only, this rank is on {device.type}); "
+            "expected --no-sync-bn"
+        )
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) if distributed else model
+
+
 def distribute(
-    model: torch.nn.Module, info: DistInfo, channels_last: bool, compile_model: bool, joined: bool
+    model: torch.nn.Module,
+    info: DistInfo,
+    channels_last: bool,
+    compile_model: bool,
+    joined: bool,
+    sync_bn: bool = False,
 ) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
-    """The model on this rank's device, its DDP wrapper (the model itself on one process) and what the step
-    calls (the wrapper, compiled under --compile unless `joined`: Join shadows DDP's collectives)."""
+    """The model on this rank's device (with SyncBatchNorm under `sync_bn`), its DDP wrapper (the model itself on
+    one process) and what the step calls (the wrapper, compiled under --compile unless `joined`: Join shadows
+    DDP's collectives)."""
+    if sync_bn:
+        model = sync_batchnorm(model, info.device, info.enabled)
     model = model.to(info.device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -61,6 +83,8 @@ class TrainStep:
         batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ):
         self.model, self.forward, self.optimizer, self.criterion = model, forward, optimizer, criterion
+        inner = getattr(forward, "_orig_mod", forward)  # torch.compile's wrapper holds the DDP module here
+        self.ddp = inner if isinstance(inner, DistributedDataParallel) else None  # accumulating steps skip its sync
         self.batch_transform = batch_transform  # on the normalised device batch (MixUp/CutMix: soft targets)
         self.amp, self.channels_last, self.clip_grad_norm = amp, channels_last, clip_grad_norm
         device = next(model.parameters()).device
@@ -72,18 +96,24 @@ class TrainStep:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """One optimisation step on a uint8 batch; returns the loss (on the device, float64, detached)."""
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, group: Accumulation = ONE_STEP) -> torch.Tensor:
+        """One optimisation step on a uint8 batch, or one part of a gradient-accumulation `group` (the weights
+        change after its last part); returns the loss (on the device, float64, detached)."""
         if len(labels) == 1:  # a worker's only sample (damaged data): BatchNorm cannot train on a batch of one
             images, labels = images.expand(2, *images.shape[1:]), labels.expand(2)
         images = normalize(images.to(self.device, non_blocking=True), self.channels_last)
         labels = labels.to(self.device, non_blocking=True)
         if self.batch_transform is not None:
             images, labels = self.batch_transform(images, labels)
-        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
-            loss = self.criterion(self.forward(images), labels)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        if group.starts:
+            self.optimizer.zero_grad(set_to_none=True)
+        accumulating = not group.ends and self.ddp is not None
+        with self.ddp.no_sync() if accumulating else contextlib.nullcontext():
+            with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+                loss = self.criterion(self.forward(images), labels)
+            self.scaler.scale(loss / group.size).backward()  # the group's mean loss, as one batch of its size
+        if not group.ends:
+            return loss.detach().double()
         if self.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
