@@ -37,11 +37,13 @@ help:
 	@echo "make shell / make docker-run - a shell in the image / the 2-GPU job in a container"
 	@echo "make image-test - build the image for real (podman) and run it"
 
-# Debian packages the demo and tests run for real: nginx (shard server), libturbojpeg0 (fused decoder).
+# Debian packages the demo and tests run for real: nginx (shard server), libturbojpeg0 (fused decoder),
+# dataset-fashion-mnist (`imagenet-train fashion-mnist` and `make mechanisms`; its one test skips without it).
 system-deps:
-	@{ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; } && ldconfig -p | grep -q libturbojpeg || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libturbojpeg0 >/dev/null; \
-	  else echo "missing: sudo apt-get install -y nginx libturbojpeg0" >&2; exit 1; fi; }
+	@{ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; } && ldconfig -p | grep -q libturbojpeg \
+	  && [ -d /usr/share/datasets/fashion-mnist ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libturbojpeg0 dataset-fashion-mnist >/dev/null; \
+	  else echo "missing: sudo apt-get install -y nginx libturbojpeg0 dataset-fashion-mnist" >&2; exit 1; fi; }
 
 # torch is installed first and pinned by constraints.txt so no resolver swaps it for a CUDA build.
 # The registry's torchvision is a CUDA build; --no-deps keeps it from pulling anything, and
