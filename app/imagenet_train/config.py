@@ -42,6 +42,16 @@ class WeightsHead(str, Enum):
         return self.value
 
 
+class Stem(str, Enum):
+    """A ResNet's first layers (the --stem word)."""
+
+    IMAGENET = "imagenet"  # the architecture's own: torchvision's 7x7 stride-2 conv and max-pool (/4 before block 1)
+    SMALL = "small"  # a 3x3 stride-1 conv and no max-pool, as CIFAR ResNets: for inputs of 64 px or less
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class DataConfig:
     shards: str = setting("", "shard index (shards.json), its directory, or a URL to either")
@@ -321,6 +331,20 @@ class RunConfig:
         True,
         "write TensorBoard events (loss, LR, top-1/top-5, img/s, data wait, per-rank batches) under "
         "RUN_DIR/tensorboard",
+    )
+    stem: str = setting(
+        Stem.IMAGENET.value,
+        "a ResNet's stem (torchvision's ResNet family, timm's ResNets): imagenet (the architecture's own, 7x7 "
+        "stride 2 and a max-pool: a 32 px image is 8x8 at the first block), or small (a 3x3 stride-1 conv, no "
+        "max-pool, as CIFAR ResNets: for images of 64 px or less; its blocks then do 16x the work)",
+        choices=Stem,
+    )
+    resnet_width: int = setting(
+        0,
+        "channels of a timm ResNet's first stage, doubled at each stage after it (16: 16, 32, 64, 128, a sixteenth "
+        "of ResNet-18's block compute); 0: the architecture's own (64); for timm's ResNets only (--arch timm/resnet18)",
+        minimum=0,
+        maximum=4096,
     )
 
 
