@@ -108,8 +108,12 @@ def test_the_tree_shards_into_train_and_val(tmp_path):
         (lambda b: b[:4] + (2**31).to_bytes(4, "big") + b[8:], ["items; expected 1 to"]),
         (lambda b: b[:8] + (100_000).to_bytes(4, "big") + b[12:], ["image size 100000x8"]),
         (lambda b: b"\1\2", ["not an idx file"]),
+        (
+            lambda b: b[:4] + (10_000_000).to_bytes(4, "big") + (28).to_bytes(4, "big") + b[12:],
+            ["2240000000 bytes of data; expected at most"],
+        ),
     ],
-    ids=["magic", "truncated", "trailing", "count", "side", "tiny"],
+    ids=["magic", "truncated", "trailing", "count", "side", "tiny", "bytes"],
 )
 def test_a_broken_images_file_is_one_line_naming_it(tmp_path, damage, fragments):
     source = _tiny_source(tmp_path / "idx")
