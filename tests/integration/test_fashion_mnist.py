@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imagenet_train.datasets.fashion_mnist import CLASSES, DEBIAN_SOURCE, FILES
+from imagenet_train.datasets.fashion_mnist import CLASSES, DEBIAN_SOURCE, FILES, load_split
 from imagenet_train.datasets.idx import write_idx
 
 from conftest import cli
@@ -165,3 +165,7 @@ def test_the_debian_package_gives_the_real_60000_and_10000(tmp_path):
     assert all(len(names) == 100 for names in _names(out, "val").values())
     with Image.open(next((out / "train").glob("*/*.JPEG"))) as image:
         assert image.size == (28, 28)
+    for split, count in (("train", 60_000), ("test", 10_000)):
+        images, labels = load_split(DEBIAN_SOURCE, split)
+        assert images.shape == (count, 28, 28)
+        assert np.bincount(labels).tolist() == [count // 10] * 10
