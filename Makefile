@@ -20,7 +20,7 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench recipes docs clean build push shell docker-run
+.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench recipes mechanisms docs clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
@@ -32,16 +32,19 @@ help:
 	@echo "make docs   - the documentation site (MkDocs, strict) into site/"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into docs/benchmarks.md"
 	@echo "make recipes - today's defaults against recipes/small-images.yaml on the digits, several seeds, into docs/benchmarks.md"
+	@echo "make mechanisms - each recipe mechanism switched one at a time against recipes/small-images.yaml on Fashion-MNIST, 2 seeds, into docs/benchmarks.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
 	@echo "make build push [REGISTRY=.. IMAGE=.. TAG=..] - build and push the training image"
 	@echo "make shell / make docker-run - a shell in the image / the 2-GPU job in a container"
 	@echo "make image-test - build the image for real (podman) and run it"
 
-# Debian packages the demo and tests run for real: nginx (shard server), libturbojpeg0 (fused decoder).
+# Debian packages the demo and tests run for real: nginx (shard server), libturbojpeg0 (fused decoder),
+# dataset-fashion-mnist (`imagenet-train fashion-mnist` and `make mechanisms`; its one test skips without it).
 system-deps:
-	@{ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; } && ldconfig -p | grep -q libturbojpeg || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libturbojpeg0 >/dev/null; \
-	  else echo "missing: sudo apt-get install -y nginx libturbojpeg0" >&2; exit 1; fi; }
+	@{ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; } && ldconfig -p | grep -q libturbojpeg \
+	  && [ -d /usr/share/datasets/fashion-mnist ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libturbojpeg0 dataset-fashion-mnist >/dev/null; \
+	  else echo "missing: sudo apt-get install -y nginx libturbojpeg0 dataset-fashion-mnist" >&2; exit 1; fi; }
 
 # torch is installed first and pinned by constraints.txt so no resolver swaps it for a CUDA build.
 # The registry's torchvision is a CUDA build; --no-deps keeps it from pulling anything, and
@@ -147,6 +150,13 @@ docker-run:
 # About 35 minutes on 2 cores (the defaults' ResNet-50 at 224 px is ~11 s a step on CPU; small-images ~15 s a run).
 recipes: venv system-deps
 	$(BIN)/python bench/recipes.py --epochs 2 --seeds 0 1 2 --out docs/benchmarks.md
+
+# The mechanism table: recipes/small-images.yaml, then each mechanism (EMA, label smoothing, mixup/cutmix,
+# TrivialAugment, random erasing, progressive resizing, test-time flip, repeated augmentation, LARS at 8x the batch)
+# switched one at a time, on Fashion-MNIST (12,000 train images, 5,000 held out as val), 8 epochs, 2 seeds. Hours on
+# 2 cores: run it on a quiet machine. bench/mechanisms.py --help has the knobs (--rows, --epochs, --seeds).
+mechanisms: venv system-deps
+	$(BIN)/python bench/mechanisms.py --epochs 8 --seeds 0 1 --out docs/benchmarks.md
 
 bench: venv system-deps
 	$(BIN)/python bench/benchmarks_page.py --workdir bench/.work --out docs/benchmarks.md

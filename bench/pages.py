@@ -30,3 +30,17 @@ def hand_written(old: str, generated: Sequence[str]) -> list[str]:
                 section.pop()
             kept += [*section, ""]
     return kept
+
+
+def replace_section(text: str, heading: str, lines: Sequence[str]) -> str:
+    """`text` with its section under `heading` replaced by `lines` (appended when it has none); the rest kept."""
+    kept: list[str] = []
+    replaced = False
+    head = text.split("\n## ", 1)[0].rstrip("\n").splitlines()
+    for part in sections(text):
+        if part[0] == heading:
+            part, replaced = list(lines), True
+        kept += part
+    if not replaced:
+        kept += ["", *lines]
+    return "\n".join([*head, "", *kept]).rstrip("\n") + "\n"

@@ -51,6 +51,14 @@ class WeightsHead(str, Enum):
 
 
 DEFAULT_DROP_PATH = -1.0  # --drop-path -1: the model's own default
+class Stem(str, Enum):
+    """A ResNet's first layers (the --stem word)."""
+
+    IMAGENET = "imagenet"  # the architecture's own: torchvision's 7x7 stride-2 conv and max-pool (/4 before block 1)
+    SMALL = "small"  # a 3x3 stride-1 conv and no max-pool, as CIFAR ResNets: for inputs of 64 px or less
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -419,6 +427,20 @@ class RunConfig:
         False,
         "BatchNorm statistics over all ranks (torch.nn.SyncBatchNorm.convert_sync_batchnorm), on CUDA across "
         "ranks only: refused on CPU, where torch's SyncBatchNorm does not run",
+    )
+    stem: str = setting(
+        Stem.IMAGENET.value,
+        "a ResNet's stem (torchvision's ResNet family, timm's ResNets): imagenet (the architecture's own, 7x7 "
+        "stride 2 and a max-pool: a 32 px image is 8x8 at the first block), or small (a 3x3 stride-1 conv, no "
+        "max-pool, as CIFAR ResNets: for images of 64 px or less; its blocks then do 16x the work)",
+        choices=Stem,
+    )
+    resnet_width: int = setting(
+        0,
+        "channels of a timm ResNet's first stage, doubled at each stage after it (16: 16, 32, 64, 128, a sixteenth "
+        "of ResNet-18's block compute); 0: the architecture's own (64); for timm's ResNets only (--arch timm/resnet18)",
+        minimum=0,
+        maximum=4096,
     )
 
 

@@ -9,7 +9,9 @@ from imagenet_train.ops.serve import free_port
 from conftest import cli, write_image_folder
 
 
-@pytest.mark.parametrize("command", ["shards", "summarize", "train", "evaluate", "serve", "demo-data", "ray", "report"])
+@pytest.mark.parametrize(
+    "command", ["shards", "summarize", "train", "evaluate", "serve", "demo-data", "fashion-mnist", "ray", "report"]
+)
 def test_every_command_has_help_with_defaults(command):
     result = cli(command, "--help")
     assert result.returncode == 0

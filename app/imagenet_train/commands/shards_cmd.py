@@ -1,4 +1,4 @@
-"""the dataset commands: shards, summarize, demo-data"""
+"""the dataset commands: shards, summarize, demo-data, fashion-mnist"""
 
 from __future__ import annotations
 
@@ -95,6 +95,25 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fashion_mnist(args: argparse.Namespace) -> int:
+    """Write Fashion-MNIST as ImageNet-layout JPEGs (val/ held out or the test set) and print the counts."""
+    from imagenet_train.datasets.fashion_mnist import ValFrom, write_fashion_mnist
+
+    counts = write_fashion_mnist(
+        args.output,
+        source=args.source,
+        holdout=args.holdout,
+        train_size=args.train_size,
+        val_from=ValFrom(args.val_from),
+        size=args.size,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
+    what = "the test set" if args.val_from == "test" else "held out of the train set"
+    print(f"wrote {counts['train']} train and {counts['val']} val images ({what}) to {args.output}")
+    return 0
+
+
 def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     """Add the dataset commands to the CLI."""
     count = number(int, 0)
@@ -152,3 +171,38 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     demo.add_argument("--size", type=number(int, 8, 4096), default=64, help="image side in pixels")
     demo.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seed of the train/val split")
     demo.set_defaults(func=cmd_demo_data)
+
+    from imagenet_train.datasets.fashion_mnist import DEBIAN_SOURCE, ValFrom
+
+    fashion = commands.add_parser(
+        "fashion-mnist",
+        formatter_class=formatter,
+        help="write Fashion-MNIST (Debian's dataset-fashion-mnist) as an ImageNet-layout JPEG dataset",
+    )
+    fashion.add_argument("output", type=text, help="new directory for train/, val/ and fashion-mnist.json")
+    fashion.add_argument(
+        "--source", type=text, default=DEBIAN_SOURCE, help="folder with the four idx files (.gz or raw)"
+    )
+    fashion.add_argument(
+        "--val-from",
+        type=choice(*(v.value for v in ValFrom)),
+        default=ValFrom.HOLDOUT.value,
+        help="what val/ holds: holdout (--holdout images kept out of the 60,000 train images, for tuning) or test "
+        "(the 10,000 test images, for reported figures only; train/ then draws on all 60,000)",
+    )
+    fashion.add_argument(
+        "--holdout",
+        type=number(int, 0, 60_000),
+        default=5000,
+        help="with --val-from holdout: train images held out as val/, the same number per class",
+    )
+    fashion.add_argument(
+        "--train-size",
+        type=number(int, 0, 60_000),
+        default=0,
+        help="class-balanced subset of the remaining train images to write (0: all of them)",
+    )
+    fashion.add_argument("--size", type=number(int, 8, 4096), default=28, help="image side in pixels (bicubic)")
+    fashion.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seed of the holdout and subset")
+    fashion.add_argument("--quiet", action="store_true", help="no progress bar")
+    fashion.set_defaults(func=cmd_fashion_mnist)

@@ -1,5 +1,5 @@
-"""The model a run trains: a torchvision or timm architecture by name, its residual-BN zero-init, FFCV's BlurPool,
-and its initial weights from a file (`--weights`)."""
+"""The model a run trains: a torchvision or timm architecture by name, its residual-BN zero-init, a stem for small
+images, FFCV's BlurPool, and its initial weights from a file (`--weights`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.config import DEFAULT_DROP_PATH, RunConfig, WeightsHead
+from imagenet_train.config import DEFAULT_DROP_PATH, RunConfig, Stem, WeightsHead
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.training.checkpoint import load_weights
 
@@ -39,18 +39,27 @@ def create(run: RunConfig, num_classes: int, is_main: bool = True) -> torch.nn.M
 def architecture(run: RunConfig, num_classes: int) -> torch.nn.Module:
     """The run's network before any weights are loaded: --arch, zero-inited as asked, with --blurpool's layers
     (so a checkpoint of a blurred model loads into it)."""
-    model = build_model(run.arch, num_classes, run.zero_init_residual, run.drop_path)
+    model = build_model(run.arch, num_classes, run.zero_init_residual, run.drop_path, run.resnet_width)
+    if Stem(run.stem) == Stem.SMALL:
+        apply_small_stem(model, run.arch)
     if run.blurpool:
         apply_blurpool(model, run.arch)
     return model
 
 
 def build_model(
-    arch: str, num_classes: int, zero_init_residual: bool = False, drop_path: float = DEFAULT_DROP_PATH
+    arch: str,
+    num_classes: int,
+    zero_init_residual: bool = False,
+    drop_path: float = DEFAULT_DROP_PATH,
+    resnet_width: int = 0,
 ) -> torch.nn.Module:
     """A torchvision model by name, or timm's as `timm/NAME`, randomly initialised for `num_classes`, with the
-    library's own defaults except where `zero_init_residual` (on) or `drop_path` (>= 0) say otherwise."""
+    library's own defaults except where `zero_init_residual` (on), `drop_path` (>= 0) or `resnet_width` (> 0,
+    timm's ResNets) say otherwise."""
     ensure_torchvision()  # before timm too: timm imports torchvision
+    if resnet_width:
+        return _narrow_timm_resnet(arch, num_classes, _timm_options(zero_init_residual, drop_path), resnet_width)
     if arch.startswith(TIMM):
         model = _timm_model(arch, num_classes, zero_init_residual, drop_path)
     else:
@@ -117,6 +126,20 @@ def _timm_options(zero_init_residual: bool, drop_path: float) -> dict:
     return options
 
 
+def _narrow_timm_resnet(arch: str, num_classes: int, options: dict, width: int) -> torch.nn.Module:
+    """A timm ResNet with `width` channels in its first stage, doubling per stage (timm's `channels` keyword)."""
+    timm = _timm(f"--resnet-width {width}")
+    name = arch.removeprefix(TIMM)
+    module = timm.models.model_entrypoint(name).__module__ if timm.is_model(name) else ""
+    if not arch.startswith(TIMM) or module != "timm.models.resnet":
+        raise ImagenetTrainError(
+            f"--resnet-width {width}: applies to timm's ResNets (--arch timm/resnet18, timm/resnet10t), "
+            f"not --arch {clip(arch)}; expected --resnet-width 0"
+        )
+    channels = tuple(width * 2**stage for stage in range(4))
+    return timm.create_model(name, pretrained=False, num_classes=num_classes, channels=channels, **options)
+
+
 def _timm(wanted: str):
     """The timm module, or the one line saying how to install it."""
     try:
@@ -141,6 +164,27 @@ def _no_zero_init(arch: str) -> ImagenetTrainError:
         f"--zero-init-residual: does not apply to --arch {clip(arch)} (torchvision's ResNet family and timm models "
         "with zero_init_last have a last BN per residual block to zero); expected --no-zero-init-residual"
     )
+
+
+def apply_small_stem(model: torch.nn.Module, arch: str = "") -> torch.nn.Module:
+    """A ResNet's stem for small images, in place: `conv1` becomes a 3x3 stride-1 convolution to the same width
+    and `maxpool` an identity, so a 32 px image reaches the first block at 32x32 rather than 8x8.
+
+    torchvision's and timm's ResNets name their stem alike (conv1, bn1, maxpool); timm's deep stems (a Sequential
+    conv1) are replaced whole. The new convolution is initialised as torchvision initialises its own.
+    """
+    conv, norm = getattr(model, "conv1", None), getattr(model, "bn1", None)
+    first = conv[0] if isinstance(conv, torch.nn.Sequential) and len(conv) else conv
+    if not (isinstance(first, torch.nn.Conv2d) and hasattr(norm, "num_features") and hasattr(model, "maxpool")):
+        raise ImagenetTrainError(
+            f"--stem small: --arch {clip(arch)} has no ResNet stem (conv1, bn1, maxpool) to replace; it applies to "
+            "torchvision's ResNet family and timm's ResNets; expected --stem imagenet"
+        )
+    small = torch.nn.Conv2d(first.in_channels, norm.num_features, kernel_size=3, stride=1, padding=1, bias=False)
+    torch.nn.init.kaiming_normal_(small.weight, mode="fan_out", nonlinearity="relu")
+    model.conv1 = small
+    model.maxpool = torch.nn.Identity()
+    return model
 
 
 def apply_blurpool(model: torch.nn.Module, arch: str = "") -> int:
