@@ -51,6 +51,8 @@ class WeightsHead(str, Enum):
 
 
 DEFAULT_DROP_PATH = -1.0  # --drop-path -1: the model's own default
+
+
 class Stem(str, Enum):
     """A ResNet's first layers (the --stem word)."""
 
