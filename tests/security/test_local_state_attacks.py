@@ -1,0 +1,61 @@
+"""The data plane's second surface, on this machine: compressed checkpoints and bucket objects that inflate,
+a full local disk taken for a bucket outage, a cache folder planted by another local user (`nobody`, run
+through runuser), and a key log forged through tar member names."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+from imagenet_train.loading.stages import samples_in_tar
+from imagenet_train.planning.position import Position
+from imagenet_train.training.key_log import KeyLog, consumed_keys
+
+
+def _shard(path: Path, keys: list[str]) -> Path:
+    """A real tar shard with a .jpg and a .cls member per key (names written byte for byte, GNU format)."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, encoding="utf-8", errors="surrogateescape") as tar:
+        for index, key in enumerate(keys):
+            for extension, data in (("jpg", b"\xff\xd8jpeg\xff\xd9"), ("cls", str(index % 10).encode())):
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+# -- the key log -----------------------------------------------------------------------------------------
+HOSTILE_KEYS = [
+    "s0000",
+    "s0001\n0 s0004 s0005",  # a newline: the rest would be a line of its own, naming batch 0
+    "s0002 s0006",  # a space: would read as two keys
+    "s0003-\udcff\udcfe",  # bytes that are not UTF-8
+    "s0004",
+    "s0005",
+    "s0006",
+    "s0007",
+]
+
+
+def test_member_names_cannot_forge_or_split_key_log_lines(tmp_path):
+    shard = _shard(tmp_path / "hostile.tar", HOSTILE_KEYS)
+    with open(shard, "rb") as stream:
+        keys = [sample["__key__"] for sample in samples_in_tar(stream, str(shard))]
+    assert keys == HOSTILE_KEYS  # the reader gives the names as the tar holds them
+    log = KeyLog(tmp_path / "run", epoch=0, rank=0, start=0)
+    log.fetched(0, keys[:4])  # trained before the checkpoint at step 1
+    log.fetched(1, keys[4:])  # fetched, but its step never ran
+    log.close()
+    consumed = consumed_keys(tmp_path / "run", Position(epoch=0, step=1, world=1))
+    # Exactly batch 0's keys: none of batch 1's samples is skipped on the resume, none of batch 0's trained again.
+    assert consumed == set(keys[:4])
+
+
+def test_a_resume_trusts_only_whole_well_formed_key_log_lines(tmp_path):
+    log = KeyLog(tmp_path / "run", epoch=0, rank=0, start=0)
+    log.fetched(0, ["a", "b c"])
+    log.close()
+    path = next((tmp_path / "run" / "position" / "epoch-0000").iterdir())
+    with open(path, "a") as stream:  # hand-made lines: raw text, a bad escape, a torn last line
+        stream.write("0 plain\tkey\n0 bad%zz\n0 x\ny\n0 torn")
+    assert consumed_keys(tmp_path / "run", Position(epoch=0, step=1, world=1)) == {"a", "b c", "x"}
