@@ -5,12 +5,20 @@ through runuser), and a key log forged through tar member names."""
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 
-from imagenet_train.loading.stages import samples_in_tar
+import pytest
+
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io.cache import cache_path
+from imagenet_train.loading.stages import ShardReading, samples_in_tar
 from imagenet_train.planning.position import Position
 from imagenet_train.training.key_log import KeyLog, consumed_keys
+from security.test_state_attacks import _as_nobody, nobody_python  # noqa: F401 (a fixture: Python nobody may run)
 
 
 def _shard(path: Path, keys: list[str]) -> Path:
@@ -59,3 +67,60 @@ def test_a_resume_trusts_only_whole_well_formed_key_log_lines(tmp_path):
     with open(path, "a") as stream:  # hand-made lines: raw text, a bad escape, a torn last line
         stream.write("0 plain\tkey\n0 bad%zz\n0 x\ny\n0 torn")
     assert consumed_keys(tmp_path / "run", Position(epoch=0, step=1, world=1)) == {"a", "b c", "x"}
+
+
+# -- the shard cache -----------------------------------------------------------------------------------------
+PLANT_CACHE = """
+import os, sys
+os.umask(0)
+os.mkdir(sys.argv[1], 0o777)
+with open(sys.argv[2], "wb") as stream:
+    stream.write(open(sys.argv[3], "rb").read())
+print("planted")
+"""
+
+
+@pytest.fixture
+def shared_folder() -> Path:
+    """A folder like /tmp (world-writable, sticky) that `nobody` can reach."""
+    folder = Path(tempfile.mkdtemp(prefix="imagenet-train-test-shared-", dir="/tmp"))
+    folder.chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _keys(stream) -> list[str]:
+    with stream:
+        return [sample["__key__"] for sample in samples_in_tar(stream, "shard")]
+
+
+def test_a_cache_folder_planted_by_another_user_is_refused(
+    nobody_python,  # noqa: F811
+    shared_folder,
+    hostile_dir,
+    hostile_server,
+):
+    _shard(hostile_dir / "train-0000.tar", ["real0", "real1"])
+    url = f"{hostile_server.url}/train-0000.tar"
+    cache, planted = shared_folder / "cache", shared_folder / "planted.tar"
+    _shard(planted, ["planted0", "planted1"])
+    planted.chmod(0o644)
+    assert _as_nobody(nobody_python, PLANT_CACHE, str(cache), cache_path(str(cache), url), str(planted)) == "planted\n"
+    reading = ShardReading(cache_dir=str(cache), verify=False)
+    with pytest.raises(ImagenetTrainError, match=f"--cache-dir {cache}: owned by uid .*refused"):
+        _keys(reading.open(url))
+
+
+def test_a_world_writable_cache_folder_of_root_gets_a_private_folder_inside(hostile_dir, hostile_server, tmp_path):
+    _shard(hostile_dir / "train-0000.tar", ["real0", "real1"])
+    url = f"{hostile_server.url}/train-0000.tar"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o777)  # as a pod's emptyDir is
+    _shard(Path(cache_path(str(cache), url)), ["planted0"])  # anyone could have put this here
+    reading = ShardReading(cache_dir=str(cache), verify=False)
+    assert _keys(reading.open(url)) == ["real0", "real1"]
+    private = cache / f"imagenet-train-{os.geteuid()}"
+    assert private.stat().st_mode & 0o777 == 0o700
+    assert _keys(reading.open(url)) == ["real0", "real1"]  # now from the private copy
+    assert Path(cache_path(str(private), url)).is_file()
