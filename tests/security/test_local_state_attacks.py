@@ -7,16 +7,21 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import subprocess
+import sys
 import tarfile
 import tempfile
+import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.cache import cache_path
 from imagenet_train.loading.stages import ShardReading, samples_in_tar
 from imagenet_train.planning.position import Position
+from imagenet_train.training import checkpoint
 from imagenet_train.training.key_log import KeyLog, consumed_keys
 from security.test_state_attacks import _as_nobody, nobody_python  # noqa: F401 (a fixture: Python nobody may run)
 
@@ -124,3 +129,66 @@ def test_a_world_writable_cache_folder_of_root_gets_a_private_folder_inside(host
     assert private.stat().st_mode & 0o777 == 0o700
     assert _keys(reading.open(url)) == ["real0", "real1"]  # now from the private copy
     assert Path(cache_path(str(private), url)).is_file()
+
+
+# -- a checkpoint that inflates ----------------------------------------------------------------------------
+INFLATED_FLOATS = 32 << 20  # a 128 MB tensor, ~130 KB once deflated
+
+
+def _deflated_checkpoint(path: Path) -> None:
+    """A checkpoint of this program's shape whose tensor record is deflated: ~0.2 MB on disk, 128 MB loaded."""
+    plain = path.with_suffix(".stored")
+    # calloc'd zeros: the pages are not touched until written out, so this process does not hold 256 MB.
+    state = {"epoch": 0, "model": {"w": torch.zeros(INFLATED_FLOATS)}, "optimizer": {}, "scaler": {}}
+    torch.save(state, plain)
+    del state
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(path, "w", compresslevel=1) as target:
+        for record in source.infolist():
+            info = zipfile.ZipInfo(record.filename)
+            info.compress_type = zipfile.ZIP_DEFLATED if record.file_size > 1 << 20 else zipfile.ZIP_STORED
+            with source.open(record) as read, target.open(info, "w", force_zip64=True) as write:
+                shutil.copyfileobj(read, write, 1 << 20)
+    plain.unlink()
+
+
+# Loads the checkpoint the way --resume does; prints the outcome, and the peak RSS in MB before and after.
+LOAD_MEASURED = """
+import resource, sys
+from pathlib import Path
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.training import checkpoint
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+try:
+    checkpoint.load(Path(sys.argv[1]))
+    print("loaded")
+except ImagenetTrainError as error:
+    print("error:", error)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def _load_measured(path: Path) -> tuple[str, int, int]:
+    result = subprocess.run(
+        [sys.executable, "-c", LOAD_MEASURED, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    before, outcome, after = result.stdout.strip().splitlines()
+    return outcome, int(before), int(after)
+
+
+def test_a_checkpoint_with_a_compressed_record_is_refused_before_it_inflates(tmp_path):
+    path = tmp_path / "run" / "checkpoints" / "epoch-0000.pt"
+    path.parent.mkdir(parents=True)
+    _deflated_checkpoint(path)
+    assert path.stat().st_size < 2 << 20
+    outcome, before, after = _load_measured(path)
+    assert outcome.startswith(f"error: {path}: checkpoint record ") and "stored compressed" in outcome, outcome
+    assert after < before + 32, f"peak RSS went from {before} MB to {after} MB"
+
+
+def test_torch_writes_every_checkpoint_record_stored_and_such_checkpoints_load(tmp_path):
+    path = tmp_path / "epoch-0000.pt"
+    checkpoint.save({"epoch": 0, "model": {"w": torch.ones(3, 4)}, "optimizer": {}, "scaler": {}}, path)
+    with zipfile.ZipFile(path) as archive:
+        assert {record.compress_type for record in archive.infolist()} == {zipfile.ZIP_STORED}
+    assert torch.equal(checkpoint.load(path)["model"]["w"], torch.ones(3, 4))

@@ -3,6 +3,12 @@ they hold.
 
 A checkpoint holds tensors and plain data only (dicts, lists, strings, numbers), so it is read with
 `torch.load(weights_only=True)`: a file planted in a run directory or a results bucket cannot run code.
+
+Nor can it make the load take memory out of all proportion to its size. A torch file is a zip archive, and
+torch writes every record in it stored, uncompressed; torch.load would inflate a deflated record all the
+same (a 1.9 MB file to a 2.3 GB tensor). So before loading, the archive's directory is read: a compressed
+record, a record that claims more bytes than it occupies or lies outside the file, or records that add up to
+more than the file itself (MAX_INFLATION) are refused in one line naming the file.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import pickle
 import re
 import shutil
 import warnings
+import zipfile
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path, PurePath
@@ -211,8 +218,43 @@ def load_weights(path: str | Path, entry: str = "model") -> dict[str, torch.Tens
     return dict(state)
 
 
+MAX_INFLATION = 1.0  # a checkpoint's records add up to at most this times its file size (torch stores them)
+
+
+def check_archive(path: Path, what: str = "checkpoint") -> None:
+    """Refuse a torch zip file whose records are compressed or add up to more than the file holds."""
+    try:
+        size = path.stat().st_size
+        if not zipfile.is_zipfile(path):
+            return  # torch's legacy format, or not a torch file: torch.load reads it bounded by its size, or refuses
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return  # torch.load says what is wrong with it, in one line
+    total = 0
+    for record in records:
+        name = record.filename[:80]
+        if record.compress_type != zipfile.ZIP_STORED:
+            raise ImagenetTrainError(
+                f"{path}: {what} record {name} is stored compressed ({record.compress_size} bytes inflating to "
+                f"{record.file_size}); torch writes records uncompressed, so this file was made to inflate, refused"
+            )
+        if record.file_size != record.compress_size or record.header_offset + record.compress_size > size:
+            raise ImagenetTrainError(
+                f"{path}: {what} record {name} claims {record.file_size} bytes that the {size}-byte file does not "
+                "hold; refused"
+            )
+        total += record.file_size
+    if total > MAX_INFLATION * size:
+        raise ImagenetTrainError(
+            f"{path}: {what} records add up to {total} bytes, more than {MAX_INFLATION:g}x the file's {size}; refused"
+        )
+
+
 def _read(path: Path, what: str):
-    """torch.load with weights_only=True: a file that needs anything beyond tensors and plain data is refused."""
+    """torch.load with weights_only=True: a file that needs anything beyond tensors and plain data, or that would
+    inflate past its size, is refused."""
+    check_archive(path, what)
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: the error says it all
             warnings.simplefilter("ignore")
