@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import enum
 import logging
+import math
 import pickle
 import re
 import shutil
@@ -32,7 +33,7 @@ import torch
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write
-from imagenet_train.planning.position import Position
+from imagenet_train.planning.position import MAX_EPOCH, Position
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{6,}))?\.pt$")
@@ -227,10 +228,14 @@ def check_archive(path: Path, what: str = "checkpoint") -> None:
         size = path.stat().st_size
         if not zipfile.is_zipfile(path):
             return  # torch's legacy format, or not a torch file: torch.load reads it bounded by its size, or refuses
+    except OSError:
+        return  # torch.load says what is wrong with it, in one line
+    try:
         with zipfile.ZipFile(path) as archive:
             records = archive.infolist()
-    except (OSError, zipfile.BadZipFile, ValueError):
-        return  # torch.load says what is wrong with it, in one line
+    except Exception as error:  # zipfile raises many kinds for a damaged directory (NotImplementedError too)
+        reason = f"a damaged zip directory: {type(error).__name__}"
+        raise ImagenetTrainError(f"{path}: unreadable {what} ({reason})") from None
     total = 0
     for record in records:
         name = record.filename[:80]
@@ -329,16 +334,49 @@ class RunState:
         return path
 
     def restore(self, path: Path) -> tuple[int, Position | None]:
-        """Load a checkpoint into the parts; returns the epoch to continue at and the position inside it."""
+        """Load a checkpoint into the parts; returns the epoch to continue at and the position inside it.
+
+        Its numbers are checked before any part is touched: a whole-number epoch and position in range, and
+        finite optimizer settings (a NaN learning rate would train on silently)."""
         state = load(path)
         try:
+            if state.get("position"):
+                position = Position.from_dict(state["position"])
+                resumed = position.epoch, position
+            else:
+                epoch = state["epoch"]
+                if type(epoch) is not int or not 0 <= epoch < MAX_EPOCH:
+                    raise ValueError(f"epoch: expected a whole number from 0 to {MAX_EPOCH - 1}, not {str(epoch)[:40]}")
+                resumed = epoch + 1, None
+            _check_settings(state.get("optimizer"), self.parts.get("optimizer"))
             for name, part in self.parts.items():
                 if name in state or name not in self.optional:
                     part.load_state_dict(state[name])
-            if state.get("position"):
-                position = Position.from_dict(state["position"])
-                return position.epoch, position
-            return int(state["epoch"]) + 1, None
-        except (KeyError, TypeError, ValueError, RuntimeError) as error:  # another model, or a hand-made file
+            return resumed
+        except (KeyError, TypeError, ValueError, RuntimeError, OverflowError, IndexError) as error:
+            # another model, or a hand-made file
             reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
             raise ImagenetTrainError(f"{path}: checkpoint does not fit this run ({reason})") from None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_settings(saved: object, current: Stateful | None) -> None:
+    """ValueError unless each number the optimizer's parameter groups hold now (lr, momentum, betas, ...) comes
+    back from the checkpoint as a finite number."""
+    if current is None or not isinstance(saved, dict):
+        return
+    groups = saved.get("param_groups")
+    groups = groups if isinstance(groups, list) else []
+    for now, then in zip(current.state_dict().get("param_groups", []), groups, strict=False):
+        for key, value in now.items():
+            if not _number(value) and not (isinstance(value, tuple) and all(map(_number, value))):
+                continue
+            old = then.get(key) if isinstance(then, dict) else None
+            values = old if isinstance(old, (list, tuple)) else [old]
+            if not all(_number(v) and math.isfinite(v) for v in values) or len(values) != len(
+                value if isinstance(value, tuple) else [value]
+            ):
+                raise ValueError(f"optimizer setting {key}: expected a finite number, not {str(old)[:40]}")
