@@ -20,7 +20,6 @@ import logging
 import math
 import pickle
 import re
-import shutil
 import warnings
 import zipfile
 from collections import OrderedDict
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io.atomic import atomic_write
+from imagenet_train.io.atomic import atomic_write, free_space
 from imagenet_train.planning.position import MAX_EPOCH, Position
 
 log = logging.getLogger(__name__)
@@ -61,7 +60,7 @@ def save(state: dict, path: Path) -> None:
     except (OSError, RuntimeError) as error:  # torch's zip writer reports a failed write as RuntimeError
         cause = writer.error if writer and writer.error else error
         reason = getattr(cause, "strerror", None) or str(cause).splitlines()[0][:120] or type(cause).__name__
-        raise ImagenetTrainError(f"{path}: cannot write checkpoint ({reason}; {_free(path.parent)})") from None
+        raise ImagenetTrainError(f"{path}: cannot write checkpoint ({reason}; {free_space(path.parent)})") from None
 
 
 class _Writer:
@@ -82,16 +81,6 @@ class _Writer:
 
     def flush(self) -> None:
         self.raw.flush()
-
-
-def _free(folder: Path) -> str:
-    """'N MB free on DIR' for the nearest existing folder."""
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        return f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free on {folder}"
-    except OSError:
-        return f"free space on {folder} unknown"
 
 
 def newest(names: Iterable[str]) -> str | None:
