@@ -164,8 +164,10 @@ for n in range(40):
     except ImagenetTrainError as error:
         outcomes.add("error")
         assert "\\n" not in str(error)
-record = json.dumps({**RECORD, "epoch": 12345678, "x": "x" * 1_000_000}).encode()
-for count in (40, 300):  # 1 MB records, under and over the 64 MiB bound: each is kept until its epoch's last
+# 1 MB records of ~4 MB each once parsed (a list of 500,000 numbers), under and over the 64 MiB file bound:
+# each is kept until its epoch's last.
+record = json.dumps({**RECORD, "epoch": 12345678, "x": [0] * 500_000}, separators=(",", ":")).encode()
+for count in (10, 100):
     with open(folder / "metrics.jsonl", "wb") as stream:
         for n in range(count):
             stream.write(record.replace(b'12345678', b'%d' % n) + b'\\n')
