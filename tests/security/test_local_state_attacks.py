@@ -192,3 +192,12 @@ def test_torch_writes_every_checkpoint_record_stored_and_such_checkpoints_load(t
     with zipfile.ZipFile(path) as archive:
         assert {record.compress_type for record in archive.infolist()} == {zipfile.ZIP_STORED}
     assert torch.equal(checkpoint.load(path)["model"]["w"], torch.ones(3, 4))
+
+
+def test_a_checkpoint_in_the_legacy_format_is_refused_unloaded(tmp_path):
+    # Its pickle declares each storage's size, and torch allocates that before reading the bytes.
+    path = tmp_path / "epoch-0000.pt"
+    state = {"epoch": 0, "model": {"w": torch.ones(2)}, "optimizer": {}, "scaler": {}}
+    torch.save(state, path, _use_new_zipfile_serialization=False)
+    with pytest.raises(ImagenetTrainError, match=r"epoch-0000.pt: a checkpoint in torch's legacy .*refused"):
+        checkpoint.load(path)

@@ -209,6 +209,7 @@ def load_weights(path: str | Path, entry: str = "model") -> dict[str, torch.Tens
 
 
 MAX_INFLATION = 1.0  # a checkpoint's records add up to at most this times its file size (torch stores them)
+_LEGACY_MAGIC = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19."  # pickled torch.serialization.MAGIC_NUMBER
 
 
 def check_archive(path: Path, what: str = "checkpoint") -> None:
@@ -216,7 +217,14 @@ def check_archive(path: Path, what: str = "checkpoint") -> None:
     try:
         size = path.stat().st_size
         if not zipfile.is_zipfile(path):
-            return  # torch's legacy format, or not a torch file: torch.load reads it bounded by its size, or refuses
+            with open(path, "rb") as stream:
+                legacy = stream.read(len(_LEGACY_MAGIC)) == _LEGACY_MAGIC
+            if legacy:  # its pickle declares each storage's size, allocated before the bytes are read
+                raise ImagenetTrainError(
+                    f"{path}: a {what} in torch's legacy (before 1.6) format, whose sizes cannot be checked before "
+                    "loading; refused (re-save it with torch.save where it is trusted)"
+                )
+            return  # not a torch file: torch.load refuses it in one line
     except OSError:
         return  # torch.load says what is wrong with it, in one line
     try:
