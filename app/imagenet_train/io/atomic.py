@@ -9,9 +9,29 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import IO
+
+from imagenet_train.errors import ImagenetTrainError
+
+
+def free_space(folder: str | os.PathLike) -> str:
+    """'N MB free on DIR' for the nearest existing folder."""
+    folder = os.path.abspath(folder)
+    while not os.path.exists(folder) and folder != os.path.dirname(folder):
+        folder = os.path.dirname(folder)
+    try:
+        return f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free on {folder}"
+    except OSError:
+        return f"free space on {folder} unknown"
+
+
+def write_failed(path: str | os.PathLike, error: OSError, what: str = "cannot write") -> ImagenetTrainError:
+    """The one line for a local write that failed: the path, the reason and the free space beside it."""
+    reason = error.strerror or type(error).__name__
+    return ImagenetTrainError(f"{path}: {what} ({reason}; {free_space(os.path.dirname(os.fspath(path)) or '.')})")
 
 
 def _umask() -> int:

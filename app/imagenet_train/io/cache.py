@@ -6,6 +6,14 @@ With a sha256 from the index (`open_verified`), no byte of a shard is used befor
 fetched whole into the cache and checked before it is renamed into place, and a cached copy is hashed
 again before each use (a damaged or planted copy is fetched anew). Without one, the copy is made while
 the loader reads (`open_cached`).
+
+The cache names are predictable (a hash of the URL), so another local user who made the folder, or may write
+to it, could plant samples there that training reads instead of the server's. A cache folder is used when it
+is a real directory of this user that no one else may write to. A folder root owns and others may write to
+(a pod's emptyDir is 0777, /tmp is 1777) gets a private folder of this user inside it, made 0700. Any other
+folder (another user's) is one error line: a fallback elsewhere would fill a disk the operator did not name.
+A cached file is used only when it is a regular file of this user that no one else may write to, else it
+is fetched anew.
 """
 
 from __future__ import annotations
@@ -14,11 +22,58 @@ import contextlib
 import hashlib
 import io
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
 
+from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.integrity import DigestMismatch, copy_verified
+
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def ours(info: os.stat_result) -> bool:
+    """Whether a file or folder belongs to this user and no one else may write to it."""
+    return info.st_uid == os.geteuid() and not info.st_mode & _OTHERS_WRITE
+
+
+def checked_cache_dir(cache_dir: str) -> str:
+    """The folder to cache in: `cache_dir` when it is this user's and closed to others' writes; a private
+    folder of this user inside it when root owns it (a pod's emptyDir, /tmp); else an error naming it."""
+    try:
+        os.makedirs(cache_dir, mode=0o755, exist_ok=True)
+        info = os.lstat(cache_dir)
+        if stat.S_ISDIR(info.st_mode) and ours(info):
+            return cache_dir
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == 0:
+            private = os.path.join(cache_dir, f"imagenet-train-{os.geteuid()}")
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(private, 0o700)
+            mine = os.lstat(private)
+            if stat.S_ISDIR(mine.st_mode) and ours(mine):
+                return private
+            cache_dir, info = private, mine
+    except OSError as error:
+        raise ImagenetTrainError(f"--cache-dir {cache_dir}: cannot make or read ({error.strerror})") from None
+    owner = "" if info.st_uid == os.geteuid() else f"owned by uid {info.st_uid}, "
+    raise ImagenetTrainError(
+        f"--cache-dir {cache_dir}: {owner}mode {stat.filemode(info.st_mode)}; expected a directory of this user "
+        "that no one else may write to (another user could plant shards in it), refused"
+    )
+
+
+def _open_own(path: str) -> BinaryIO | None:
+    """The cached copy at `path` when it is this user's regular file closed to others' writes, else None."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # absent, or a link: fetched anew (os.replace puts the copy in its place)
+        return None
+    info = os.fstat(handle)
+    if not stat.S_ISREG(info.st_mode) or not ours(info):
+        os.close(handle)
+        return None
+    return open(handle, "rb", buffering=1 << 20)
 
 
 def cache_path(cache_dir: str, url: str) -> str:
@@ -69,10 +124,10 @@ class _Tee(io.RawIOBase):
 
 def open_cached(url: str, cache_dir: str, open_remote: Callable[[str], BinaryIO]) -> BinaryIO:
     """The local copy of `url` if cached, else the remote stream, copied to the cache as it is read."""
-    os.makedirs(cache_dir, exist_ok=True)
-    path = cache_path(cache_dir, url)
-    if os.path.exists(path):
-        return open(path, "rb", buffering=1 << 20)
+    path = cache_path(checked_cache_dir(cache_dir), url)
+    local = _open_own(path)
+    if local is not None:
+        return local
     return io.BufferedReader(_Tee(open_remote(url), path), buffer_size=1 << 20)
 
 
@@ -86,10 +141,9 @@ def open_verified(
 ) -> BinaryIO:
     """The local copy of `url`, checked against the index's `sha256` (and `size`) before anything is read
     from it; raises DigestMismatch when the remote shard does not match (nothing is cached then)."""
-    os.makedirs(cache_dir, exist_ok=True)
-    path = cache_path(cache_dir, url)
-    if os.path.exists(path):
-        local = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 (returned, or closed below)
+    path = cache_path(checked_cache_dir(cache_dir), url)
+    local = _open_own(path)
+    if local is not None:
         try:
             copy_verified(local, None, sha256, size)
         except DigestMismatch:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io.atomic import atomic_write, replacing
+from imagenet_train.io.atomic import atomic_write, replacing, write_failed
 from imagenet_train.io.resumable import IO_TIMEOUT, Opened, Transient, call, is_local
 
 T = TypeVar("T")
@@ -297,20 +297,55 @@ def _write_json(path: str, data: dict) -> None:
         json.dump(data, stream)
 
 
+class _ListedSizeFile:
+    """The file a download writes: refuses bytes past the object's listed size as they arrive, and turns a
+    failed write into a local error naming the file and the free space (never an outage to wait out)."""
+
+    def __init__(self, stream, url: str, path: str, size: int):
+        self.stream, self.url, self.path, self.size = stream, url, path, size
+        self.count = 0
+
+    def write(self, data) -> int:
+        self.count += len(data)
+        if self.count > self.size:
+            raise ImagenetTrainError(
+                f"{self.url}: the bucket sent more than the {self.size} bytes it lists for this object "
+                "(transcoded or replaced); refused"
+            )
+        try:
+            return self.stream.write(data)
+        except OSError as error:
+            raise write_failed(self.path, error, "cannot write download") from None
+
+    def tell(self) -> int:
+        return self.count
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 def download(url: str, path: str, io_timeout: float = IO_TIMEOUT) -> ObjectInfo:
-    """Download to a temporary name, verify the checksum, then rename into place."""
+    """Download the object's stored bytes to a temporary name, verify the checksum, then rename into place.
+
+    The stored bytes, never a transcoded form: an object stored with `Content-Encoding: gzip` is written as
+    it is stored (GCS would otherwise send it inflated, of any size). The write stops at the listed size.
+    """
     bucket, name = split(url)
+    try:
+        with replacing(path) as temporary:
 
-    with replacing(path) as temporary:
+            def fetch():
+                blob = client().bucket(bucket).get_blob(name, retry=None)
+                if blob is None:
+                    raise missing(url)
+                with open(temporary, "wb") as stream:  # truncates what a failed attempt left
+                    sink = _ListedSizeFile(stream, url, path, blob.size)
+                    blob.download_to_file(sink, raw_download=True, checksum="crc32c")
+                return blob
 
-        def fetch():
-            blob = client().bucket(bucket).get_blob(name, retry=None)
-            if blob is None:
-                raise missing(url)
-            blob.download_to_filename(temporary, checksum="crc32c")  # truncates what a failed attempt left
-            return blob
-
-        blob = _waiting_out_outages(url, io_timeout, fetch)
-        if file_crc32c(temporary) != blob.crc32c:
-            raise ImagenetTrainError(f"{url}: downloaded bytes do not match the stored checksum")
+            blob = _waiting_out_outages(url, io_timeout, fetch)
+            if os.path.getsize(temporary) != blob.size or file_crc32c(temporary) != blob.crc32c:
+                raise ImagenetTrainError(f"{url}: downloaded bytes do not match the stored size and checksum")
+    except OSError as error:  # the temporary file, its fsync or the rename: this machine's disk
+        raise write_failed(path, error, "cannot write download") from None
     return ObjectInfo(name, blob.size, blob.crc32c)

@@ -10,6 +10,7 @@ a server that ignores Range) is an ImagenetTrainError and fails at once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import http.client
 import io
@@ -42,11 +43,14 @@ class Transient(Exception):
 RETRYABLE = (Transient, OSError, http.client.HTTPException)
 # Local conditions, not outages: a file that went away (a pruned checkpoint) is not waited for.
 LOCAL = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+LOCAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})  # a full or read-only disk
 
 
 def is_local(error: BaseException) -> bool:
-    """A failure of this machine's files (it names one: a read-only or full disk), which no wait mends."""
-    return isinstance(error, LOCAL) or (isinstance(error, OSError) and error.filename is not None)
+    """A failure of this machine's files (it names one, or is a full or read-only disk), which no wait mends."""
+    return isinstance(error, LOCAL) or (
+        isinstance(error, OSError) and (error.filename is not None or error.errno in LOCAL_ERRNOS)
+    )
 
 
 class Body(Protocol):

@@ -78,16 +78,25 @@ def _outage_or_error(url: str, error: Exception) -> Exception:
 
 
 class _Body:
-    """A StreamingBody whose read errors (timeouts, resets, incomplete reads) are marked as outages."""
+    """A StreamingBody whose read errors (timeouts, resets, incomplete reads) are marked as outages, and which
+    refuses bytes past the length the answer announced.
 
-    def __init__(self, body, url: str):
-        self.body, self.url = body, url
+    botocore hands over the stored bytes as they are (an object stored with `Content-Encoding: gzip` is not
+    inflated), so what arrives is bounded by the object's listed size.
+    """
+
+    def __init__(self, body, url: str, length: int | None):
+        self.body, self.url, self.left = body, url, length
 
     def read(self, size: int) -> bytes:
         try:
-            return self.body.read(size)
+            data = self.body.read(size)
         except Exception as error:
             raise _outage_or_error(self.url, error) from None
+        self.left = None if self.left is None else self.left - len(data)
+        if self.left is not None and self.left < 0:
+            raise ImagenetTrainError(f"{self.url}: the store sent more bytes than the object's listed length; refused")
+        return data
 
     def close(self) -> None:
         self.body.close()
@@ -110,6 +119,7 @@ def opener(url: str) -> Callable[[int], Opened]:
         remaining = int(answer.get("ContentLength") or 0)
         total = str(answer.get("ContentRange", "")).rpartition("/")[2]
         size = int(total) if total.isdigit() else (remaining if not position else None)
-        return Opened(_Body(answer["Body"], url), remaining, size)
+        length = answer.get("ContentLength")
+        return Opened(_Body(answer["Body"], url, None if length is None else int(length)), remaining, size)
 
     return open_at

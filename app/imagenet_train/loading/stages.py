@@ -30,10 +30,17 @@ class BrokenShard(Exception):
     """A shard whose bytes end or go wrong partway: what came before the damage is still good."""
 
 
+# A sample is a few members (an image, a class, maybe metadata); each member is bounded by the tar reader,
+# and these bound what one sample holds in memory in total.
+MAX_SAMPLE_MEMBERS = 64
+MAX_SAMPLE_BYTES = 96 << 20
+
+
 def samples_in_tar(stream, url: str) -> Iterator[dict]:
     """Group a tar stream's consecutive members by key into WebDataset samples."""
     sample: dict | None = None
     complete: set[str] = set()  # the members a whole sample of this shard has
+    held = 0
     try:
         for member, data in tarstream.members(stream):
             name = member.rsplit("/", 1)[-1]
@@ -43,8 +50,14 @@ def samples_in_tar(stream, url: str) -> Iterator[dict]:
                 if sample is not None:
                     complete = complete or set(sample)
                     yield sample
-                sample = {"__key__": prefix, "__url__": url}
+                sample, held = {"__key__": prefix, "__url__": url}, 0
             sample[extension.lower()] = data
+            held += len(data)
+            if held > MAX_SAMPLE_BYTES or len(sample) > MAX_SAMPLE_MEMBERS + 2:
+                raise BrokenShard(
+                    f"sample {prefix[:80]!r}: its members pass {MAX_SAMPLE_MEMBERS} or "
+                    f"{MAX_SAMPLE_BYTES >> 20} MiB in all"
+                )
     except tarstream.TarFormatError as error:
         # The sample being assembled counts if the damage lies in the next one, or it has every member.
         damaged = error.member.rsplit("/", 1)[-1].partition(".")[0] if error.member else None

@@ -11,6 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Bounds for a position read back from a checkpoint (a file that may come from a bucket): far beyond any run.
+MAX_EPOCH = 1_000_000
+MAX_STEP = 1 << 40
+MAX_SEGMENTS = 10_000
+MAX_WORLD = 1 << 20
+
 
 @dataclass
 class Position:
@@ -34,14 +40,31 @@ class Position:
 
     @classmethod
     def from_dict(cls, data: dict) -> Position:
-        """The position that `to_dict` wrote (an older checkpoint may lack world and samples_left)."""
-        return cls(
-            int(data["epoch"]),
-            int(data["step"]),
-            [int(s) for s in data["segments"]],
-            int(data.get("world", 0)),
-            int(data.get("samples_left", 0)),
+        """The position that `to_dict` wrote (an older checkpoint may lack world and samples_left); ValueError
+        naming the field unless every number is a whole number in range and the segments fit the step."""
+        if not isinstance(data, dict):
+            raise ValueError("position: expected a mapping")
+        segments = data.get("segments")
+        if not isinstance(segments, list) or not 1 <= len(segments) <= MAX_SEGMENTS:
+            raise ValueError(f"position: segments: expected a list of 1 to {MAX_SEGMENTS} steps")
+        position = cls(
+            _whole(data.get("epoch"), "epoch", MAX_EPOCH),
+            _whole(data.get("step"), "step", MAX_STEP),
+            [_whole(s, "segments", MAX_STEP) for s in segments],
+            _whole(data.get("world", 0), "world", MAX_WORLD),
+            _whole(data.get("samples_left", 0), "samples_left", MAX_STEP),
         )
+        steps = [*position.segments, position.step]
+        if any(a > b for a, b in zip(steps, steps[1:], strict=False)):
+            raise ValueError("position: segments: expected steps in order, none past the step")
+        return position
+
+
+def _whole(value: object, name: str, most: int) -> int:
+    """`value` when it is a whole number from 0 to `most` (True and 2.0 are not); else ValueError naming it."""
+    if type(value) is not int or not 0 <= value <= most:
+        raise ValueError(f"position: {name}: expected a whole number from 0 to {most}, not {str(value)[:40]}")
+    return value
 
 
 def consumed_spans(position: Position) -> list[tuple[int, int]]:

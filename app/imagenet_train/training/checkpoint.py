@@ -3,6 +3,12 @@ they hold.
 
 A checkpoint holds tensors and plain data only (dicts, lists, strings, numbers), so it is read with
 `torch.load(weights_only=True)`: a file planted in a run directory or a results bucket cannot run code.
+
+Nor can it make the load take memory out of all proportion to its size. A torch file is a zip archive, and
+torch writes every record in it stored, uncompressed; torch.load would inflate a deflated record all the
+same (a 1.9 MB file to a 2.3 GB tensor). So before loading, the archive's directory is read: a compressed
+record, a record that claims more bytes than it occupies or lies outside the file, or records that add up to
+more than the file itself (MAX_INFLATION) are refused in one line naming the file.
 """
 
 from __future__ import annotations
@@ -11,10 +17,11 @@ import argparse
 import dataclasses
 import enum
 import logging
+import math
 import pickle
 import re
-import shutil
 import warnings
+import zipfile
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path, PurePath
@@ -24,8 +31,8 @@ import numpy as np
 import torch
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io.atomic import atomic_write
-from imagenet_train.planning.position import Position
+from imagenet_train.io.atomic import atomic_write, free_space
+from imagenet_train.planning.position import MAX_EPOCH, Position
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{6,}))?\.pt$")
@@ -53,7 +60,7 @@ def save(state: dict, path: Path) -> None:
     except (OSError, RuntimeError) as error:  # torch's zip writer reports a failed write as RuntimeError
         cause = writer.error if writer and writer.error else error
         reason = getattr(cause, "strerror", None) or str(cause).splitlines()[0][:120] or type(cause).__name__
-        raise ImagenetTrainError(f"{path}: cannot write checkpoint ({reason}; {_free(path.parent)})") from None
+        raise ImagenetTrainError(f"{path}: cannot write checkpoint ({reason}; {free_space(path.parent)})") from None
 
 
 class _Writer:
@@ -74,16 +81,6 @@ class _Writer:
 
     def flush(self) -> None:
         self.raw.flush()
-
-
-def _free(folder: Path) -> str:
-    """'N MB free on DIR' for the nearest existing folder."""
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        return f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free on {folder}"
-    except OSError:
-        return f"free space on {folder} unknown"
 
 
 def newest(names: Iterable[str]) -> str | None:
@@ -211,8 +208,55 @@ def load_weights(path: str | Path, entry: str = "model") -> dict[str, torch.Tens
     return dict(state)
 
 
+MAX_INFLATION = 1.0  # a checkpoint's records add up to at most this times its file size (torch stores them)
+_LEGACY_MAGIC = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19."  # pickled torch.serialization.MAGIC_NUMBER
+
+
+def check_archive(path: Path, what: str = "checkpoint") -> None:
+    """Refuse a torch zip file whose records are compressed or add up to more than the file holds."""
+    try:
+        size = path.stat().st_size
+        if not zipfile.is_zipfile(path):
+            with open(path, "rb") as stream:
+                legacy = stream.read(len(_LEGACY_MAGIC)) == _LEGACY_MAGIC
+            if legacy:  # its pickle declares each storage's size, allocated before the bytes are read
+                raise ImagenetTrainError(
+                    f"{path}: a {what} in torch's legacy (before 1.6) format, whose sizes cannot be checked before "
+                    "loading; refused (re-save it with torch.save where it is trusted)"
+                )
+            return  # not a torch file: torch.load refuses it in one line
+    except OSError:
+        return  # torch.load says what is wrong with it, in one line
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+    except Exception as error:  # zipfile raises many kinds for a damaged directory (NotImplementedError too)
+        reason = f"a damaged zip directory: {type(error).__name__}"
+        raise ImagenetTrainError(f"{path}: unreadable {what} ({reason})") from None
+    total = 0
+    for record in records:
+        name = record.filename[:80]
+        if record.compress_type != zipfile.ZIP_STORED:
+            raise ImagenetTrainError(
+                f"{path}: {what} record {name} is stored compressed ({record.compress_size} bytes inflating to "
+                f"{record.file_size}); torch writes records uncompressed, so this file was made to inflate, refused"
+            )
+        if record.file_size != record.compress_size or record.header_offset + record.compress_size > size:
+            raise ImagenetTrainError(
+                f"{path}: {what} record {name} claims {record.file_size} bytes that the {size}-byte file does not "
+                "hold; refused"
+            )
+        total += record.file_size
+    if total > MAX_INFLATION * size:
+        raise ImagenetTrainError(
+            f"{path}: {what} records add up to {total} bytes, more than {MAX_INFLATION:g}x the file's {size}; refused"
+        )
+
+
 def _read(path: Path, what: str):
-    """torch.load with weights_only=True: a file that needs anything beyond tensors and plain data is refused."""
+    """torch.load with weights_only=True: a file that needs anything beyond tensors and plain data, or that would
+    inflate past its size, is refused."""
+    check_archive(path, what)
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: the error says it all
             warnings.simplefilter("ignore")
@@ -287,16 +331,49 @@ class RunState:
         return path
 
     def restore(self, path: Path) -> tuple[int, Position | None]:
-        """Load a checkpoint into the parts; returns the epoch to continue at and the position inside it."""
+        """Load a checkpoint into the parts; returns the epoch to continue at and the position inside it.
+
+        Its numbers are checked before any part is touched: a whole-number epoch and position in range, and
+        finite optimizer settings (a NaN learning rate would train on silently)."""
         state = load(path)
         try:
+            if state.get("position"):
+                position = Position.from_dict(state["position"])
+                resumed = position.epoch, position
+            else:
+                epoch = state["epoch"]
+                if type(epoch) is not int or not 0 <= epoch < MAX_EPOCH:
+                    raise ValueError(f"epoch: expected a whole number from 0 to {MAX_EPOCH - 1}, not {str(epoch)[:40]}")
+                resumed = epoch + 1, None
+            _check_settings(state.get("optimizer"), self.parts.get("optimizer"))
             for name, part in self.parts.items():
                 if name in state or name not in self.optional:
                     part.load_state_dict(state[name])
-            if state.get("position"):
-                position = Position.from_dict(state["position"])
-                return position.epoch, position
-            return int(state["epoch"]) + 1, None
-        except (KeyError, TypeError, ValueError, RuntimeError) as error:  # another model, or a hand-made file
+            return resumed
+        except (KeyError, TypeError, ValueError, RuntimeError, OverflowError, IndexError) as error:
+            # another model, or a hand-made file
             reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
             raise ImagenetTrainError(f"{path}: checkpoint does not fit this run ({reason})") from None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_settings(saved: object, current: Stateful | None) -> None:
+    """ValueError unless each number the optimizer's parameter groups hold now (lr, momentum, betas, ...) comes
+    back from the checkpoint as a finite number."""
+    if current is None or not isinstance(saved, dict):
+        return
+    groups = saved.get("param_groups")
+    groups = groups if isinstance(groups, list) else []
+    for now, then in zip(current.state_dict().get("param_groups", []), groups, strict=False):
+        for key, value in now.items():
+            if not _number(value) and not (isinstance(value, tuple) and all(map(_number, value))):
+                continue
+            old = then.get(key) if isinstance(then, dict) else None
+            values = old if isinstance(old, (list, tuple)) else [old]
+            if not all(_number(v) and math.isfinite(v) for v in values) or len(values) != len(
+                value if isinstance(value, tuple) else [value]
+            ):
+                raise ValueError(f"optimizer setting {key}: expected a finite number, not {str(old)[:40]}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from imagenet_train.training.key_log import KeyLog
+from imagenet_train.training.key_log import KeyLog, encode_key
 from imagenet_train.training.preempt import StepVote
 
 
@@ -57,11 +57,12 @@ class KeysRead(StepHook):
 
 
 def write_keys(run_dir: Path, split: str, epoch: int, rank: int, keys: list[str], append: bool = False) -> None:
-    """Write the keys `rank` read of `split` in `epoch` to RUN_DIR/keys (the --log-keys debug record)."""
+    """Write the keys `rank` read of `split` in `epoch` to RUN_DIR/keys (the --log-keys debug record), one a line,
+    percent-encoded as the key log writes them (a tar member name may hold a newline or undecodable bytes)."""
     folder = Path(run_dir) / "keys"
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{split}-epoch{epoch:04d}-rank{rank}.txt", "a" if append else "w") as stream:
-        stream.write("".join(key + "\n" for key in keys))
+    with open(folder / f"{split}-epoch{epoch:04d}-rank{rank}.txt", "a" if append else "w", encoding="ascii") as stream:
+        stream.write("".join(encode_key(key) + "\n" for key in keys))
 
 
 class MidEpochCheckpoint(StepHook):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from imagenet_train.errors import ImagenetTrainError, clip
 
+MAX_FILE_BYTES = 64 << 20  # as run_record's MAX_METRICS_BYTES: a line per epoch, a few hundred bytes each
 MAX_LINE_BYTES = 1 << 20  # an epoch record is a few hundred bytes, plus two short lists per 1000 ranks
 MAX_COUNT = 1 << 62
 
@@ -38,6 +39,8 @@ def read_records(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise ImagenetTrainError(f"report: {path} not found (give a run directory written by `imagenet-train train`)")
+    if path.stat().st_size > MAX_FILE_BYTES:  # every record is kept until the last of its epoch is known
+        raise ImagenetTrainError(f"report: {path}: larger than {MAX_FILE_BYTES >> 20} MiB; not a metrics file of ours")
     by_epoch: dict[int, dict] = {}
     with open(path, "rb") as stream:
         for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""), 1):
