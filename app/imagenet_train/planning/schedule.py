@@ -109,6 +109,24 @@ class Schedule:
         return math.ceil(self.total / self.interval) if self.total_samples else self.epochs_option
 
     @property
+    def cut(self) -> bool:
+        """Whether a loop epoch is other than one pass over the data: --total-samples, or --epoch-batches outside
+        queue mode (which reads every shard once per epoch whatever it says)."""
+        return bool(self.total_samples or (self.epoch_batches_option and self.mode != plan.Mode.QUEUE))
+
+    @cached_property
+    def interval_epochs(self) -> float:
+        """Data epochs (passes over the training set) in one loop epoch: 1, unless --epoch-batches or
+        --total-samples give the loop's epochs another length (samples per interval / training samples)."""
+        return self.interval * self.global_batch / self.train_samples if self.cut else 1.0
+
+    @cached_property
+    def data_epochs(self) -> float:
+        """The run's length in data epochs (samples seen / training samples), the epochs torchvision's EMA decay
+        and FFCV's resizing ramp count; --epochs itself unless --epoch-batches or --total-samples say otherwise."""
+        return self.total * self.global_batch / self.train_samples if self.cut else float(self.epochs_option)
+
+    @property
     def warmup(self) -> float:
         """Epochs of warmup, with -1 (auto) resolved for the global batch."""
         return optimization.warmup_epochs(self.warmup_epochs, self.global_batch)
