@@ -81,7 +81,13 @@ class DataConfig:
         maximum=16384,
         aliases=("val_resize",),
     )
-    val_crop_size: int = setting(0, "evaluation centre crop size (0: the train crop size)", minimum=0, maximum=8192)
+    val_crop_size: int = setting(
+        CROP_SIZE,
+        "evaluation centre crop size; 224 whatever the train crop, as torchvision's --val-crop-size (0: the train "
+        "crop size, FFCV-style, and what 0 meant in config.json files written before this default)",
+        minimum=0,
+        maximum=8192,
+    )
     progressive_start_size: int = setting(
         0,
         "progressive resizing (FFCV): the train crop size up to --progressive-start-epoch, then a linear ramp "
@@ -104,7 +110,7 @@ class DataConfig:
     random_erase: float = setting(
         0.0,
         "probability of RandomErasing each training image after the crop (erased to the mean pixel; "
-        "torchvision's new recipe: 0.25; not with --decoder dali)",
+        "torchvision's new recipe: 0.1; not with --decoder dali)",
         minimum=0,
         maximum=1,
     )
@@ -170,7 +176,7 @@ class DataConfig:
     )
 
     def eval_crop_size(self) -> int:
-        """The evaluation centre crop: --val-crop-size, else the train crop size (as before they were separate)."""
+        """The evaluation centre crop: --val-crop-size (224 unless set), the train crop size when it is 0."""
         return self.val_crop_size or self.train_crop_size
 
 
@@ -270,7 +276,7 @@ class RunConfig:
         False,
         "zero the scale (gamma) of the last BN in each residual block, so each block starts as the identity "
         "(torchvision's ResNet family, timm's models with zero_init_last; an error for other archs); off as in "
-        "torchvision's reference, FFCV- and timm-style recipes turn it on",
+        "torchvision's reference and FFCV's, and in every recipe here",
     )
     blurpool: bool = setting(
         False,

@@ -91,3 +91,10 @@ def test_the_planner_passes_the_recipe_at_its_world_size(path, capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "verdict: OK" in out and "advice:" not in out, out[-600:]
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_the_recipe_states_the_size_it_evaluates_at(path):
+    # Spelled out rather than left to a default (224, torchvision's), so no change of default moves a recipe.
+    settings = yaml.safe_load(path.read_text())
+    assert settings["val_crop_size"] > 0 and settings["val_resize_size"] >= settings["val_crop_size"]

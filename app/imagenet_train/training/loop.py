@@ -245,7 +245,7 @@ class Trainer:
             write_config(
                 self.run_dir,
                 self.cfg.to_json(),
-                derived(self.info, self.schedule, self.source, self.amp, self.start_epoch),
+                derived(self.info, self.schedule, self.source, self.amp, self.start_epoch, self.cfg.data),
             )
         last: dict = {}
         for epoch in range(self.start_epoch, self.schedule.epochs):
