@@ -175,6 +175,15 @@ class DataConfig:
         maximum=7 * 24 * 3600,
     )
 
+    ra_reps: int = setting(
+        0,
+        "repeated augmentation (torchvision's --ra-sampler --ra-reps, timm's --aug-repeats): each epoch reads a "
+        "fresh 1/N share of the shards N times, each copy of a shard on another rank with its own augmentation, "
+        "and the epoch stays the dataset's length; split and queue modes (0 or 1: off)",
+        minimum=0,
+        maximum=64,
+    )
+
     def eval_crop_size(self) -> int:
         """The evaluation centre crop: --val-crop-size (224 unless set), the train crop size when it is 0."""
         return self.val_crop_size or self.train_crop_size

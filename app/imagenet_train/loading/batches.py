@@ -90,6 +90,7 @@ def train_loader(
         shuffle_buffer=data.shuffle_buffer,
         seed=cfg.run.seed,
         reading=shard_reading(data, source),
+        ra_reps=max(1, data.ra_reps),
     )
     pin = device.type == "cuda" and data.decoder != Decoder.DALI
     return EpochLoader(

@@ -31,6 +31,7 @@ class Schedule:
     lr_gamma: float = 0.1
     lr_end: float = 0.0
     opt: Opt = Opt.SGD
+    ra_reps: int = 1  # split mode's plan reads a 1/ra_reps share of the shards, each ra_reps times
 
     @classmethod
     def of(cls, cfg: Any, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
@@ -58,6 +59,7 @@ class Schedule:
             lr_gamma=optim.lr_gamma,
             lr_end=optim.lr_end,
             opt=Opt(optim.opt),
+            ra_reps=max(1, data.ra_reps),
         )
 
     @property
