@@ -178,8 +178,9 @@ class DataConfig:
     ra_reps: int = setting(
         0,
         "repeated augmentation (torchvision's --ra-sampler --ra-reps, timm's --aug-repeats): each epoch reads a "
-        "fresh 1/N share of the shards N times, each copy of a shard on another rank with its own augmentation, "
-        "and the epoch stays the dataset's length; split and queue modes (0 or 1: off)",
+        "fresh 1/N share of the shards N times, each copy augmented on its own (split mode deals a shard's copies "
+        "to N ranks; queue mode to whichever claim them), and the epoch stays one pass long; split and queue "
+        "modes (0 or 1: off)",
         minimum=0,
         maximum=64,
     )

@@ -197,12 +197,9 @@ def rank_plans(setup: Setup) -> list[RankPlan]:
         return ranks
     if setup.mode is Mode.QUEUE:
         # Shards go to whichever worker asks first: only the even share of each rank can be planned.
+        samples = sum(sizes[shard] for shard in repeated_order(range(len(sizes)), setup.ra_reps))
         for rank in range(setup.world):
-            share = len(
-                assigned(
-                    range(sum(sizes[s] for s in repeated_order(range(len(sizes)), setup.ra_reps))), rank, setup.world
-                )
-            )
+            share = len(assigned(range(samples), rank, setup.world))
             full, partial = batches_for(share, setup.batch_size)
             ranks.append(RankPlan(rank, (), setup.workers, share, full, partial, full + partial, ()))
         return ranks
