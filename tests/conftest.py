@@ -35,6 +35,8 @@ SMALL_TRAIN = [
     "32",
     "--val-resize",
     "32",
+    "--val-crop-size",
+    "32",
     "--batch-size",
     "32",
     "--workers",

@@ -102,7 +102,13 @@ class DataConfig:
         maximum=16384,
         aliases=("val_resize",),
     )
-    val_crop_size: int = setting(0, "evaluation centre crop size (0: the train crop size)", minimum=0, maximum=8192)
+    val_crop_size: int = setting(
+        CROP_SIZE,
+        "evaluation centre crop size; 224 whatever the train crop, as torchvision's --val-crop-size (0: the train "
+        "crop size, FFCV-style, and what 0 meant in config.json files written before this default)",
+        minimum=0,
+        maximum=8192,
+    )
     progressive_start_size: int = setting(
         0,
         "progressive resizing (FFCV): the train crop size up to --progressive-start-epoch, then a linear ramp "
@@ -125,7 +131,7 @@ class DataConfig:
     random_erase: float = setting(
         0.0,
         "probability of RandomErasing each training image after the crop (erased to the mean pixel; "
-        "torchvision's new recipe: 0.25; not with --decoder dali)",
+        "torchvision's new recipe: 0.1; not with --decoder dali)",
         minimum=0,
         maximum=1,
     )
@@ -204,8 +210,18 @@ class DataConfig:
         choices=Interpolation,
     )
 
+    ra_reps: int = setting(
+        0,
+        "repeated augmentation (torchvision's --ra-sampler --ra-reps, timm's --aug-repeats): each epoch reads a "
+        "fresh 1/N share of the shards N times, each copy augmented on its own (split mode deals a shard's copies "
+        "to N ranks; queue mode to whichever claim them), and the epoch stays one pass long; split and queue "
+        "modes (0 or 1: off)",
+        minimum=0,
+        maximum=64,
+    )
+
     def eval_crop_size(self) -> int:
-        """The evaluation centre crop: --val-crop-size, else the train crop size (as before they were separate)."""
+        """The evaluation centre crop: --val-crop-size (224 unless set), the train crop size when it is 0."""
         return self.val_crop_size or self.train_crop_size
 
 
@@ -365,7 +381,7 @@ class RunConfig:
         "zero the scale (gamma) of the last BN in each residual block, so each block starts as the identity "
         "(torchvision's ResNet family, timm's models with zero_init_last; an error for other archs); off: each "
         "library's default, off for torchvision's models as in its reference, timm's own zero_init_last default "
-        "for timm's (on for its ResNets)",
+        "for timm's (on for its ResNets); off in every recipe here",
     )
     blurpool: bool = setting(
         False,

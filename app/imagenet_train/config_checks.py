@@ -30,6 +30,10 @@ def check_combinations(cfg: Any) -> None:
             raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")
     _check_optimizer(cfg)
     _check_resolution(data)
+    if data.ra_reps > 1 and data.mode == Mode.RESAMPLED:
+        raise ImagenetTrainError(
+            f"--ra-reps {data.ra_reps}: needs --mode split or queue (resampled mode draws shards at random already)"
+        )
     if cfg.run.total_samples and data.mode != Mode.RESAMPLED:
         raise ImagenetTrainError("--total-samples: needs --mode resampled (an endless stream of equal batches)")
     if data.loader_timeout and data.loader_timeout <= data.io_timeout:

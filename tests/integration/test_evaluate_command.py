@@ -20,7 +20,8 @@ from imagenet_train.training import checkpoint
 from conftest import cli, read_metrics, torchrun, write_image_folder
 
 # 3 classes: 12 training and 5 val images each, 4 samples to a shard
-TINY = ["--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--batch-size", "8", "--workers", "1"]
+TINY = ["--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--val-crop-size", "32"]
+TINY += ["--batch-size", "8", "--workers", "1"]
 TRAIN = [*TINY, "--epochs", "1", "--epoch-batches", "3", "--no-tensorboard", "--shuffle-buffer", "20"]
 RECIPE = ["--model-ema", "--model-ema-steps", "1", "--warmup-epochs", "0", "--val-tta", "--mixup-alpha", "0.2"]
 

@@ -19,7 +19,8 @@ from imagenet_train.io import gcs
 from conftest import cli, gcs_emulator, jpeg_bytes
 
 TINY_TRAIN = [
-    *("--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--batch-size", "2", "--workers", "0"),
+    *("--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--val-crop-size", "32"),
+    *("--batch-size", "2", "--workers", "0"),
     *("--epochs", "1", "--no-tensorboard", "--no-hflip", "--shuffle-buffer", "0"),
 ]
 BUCKET = "imagenet-train-attacks"

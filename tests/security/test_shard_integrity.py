@@ -101,6 +101,7 @@ def test_train_over_a_tampered_shard_says_so_and_counts_it(hostile_server, tampe
     result = cli(
         "train",
         *("--shards", f"{hostile_server.url}/shards.json", "--arch", "resnet18", "--image-size", "16"),
+        *("--val-crop-size", "16"),
         *("--batch-size", "4", "--epochs", "1", "--workers", "1", "--mode", "split", "--no-tensorboard"),
         *("--run-dir", str(run)),
         timeout=280,

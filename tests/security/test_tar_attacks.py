@@ -98,6 +98,7 @@ def test_train_over_a_shard_with_a_non_numeric_pax_length_fails_in_one_line_unde
     result = cli(
         "train",
         *("--shards", str(shards), "--arch", "resnet18", "--image-size", "16", "--batch-size", "4"),
+        *("--val-crop-size", "16"),
         *("--epochs", "1", "--workers", "1", "--mode", "split", "--on-broken-shard", "fail"),
         *("--run-dir", str(tmp_path / "run"), "--no-tensorboard"),
         timeout=280,

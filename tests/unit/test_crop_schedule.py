@@ -2,8 +2,9 @@
 
 import pytest
 
-from imagenet_train.config import DataConfig
+from imagenet_train.config import Config, DataConfig
 from imagenet_train.planning.resolution import CropSchedule
+from imagenet_train.planning.schedule import Schedule
 
 pytestmark = pytest.mark.unit
 
@@ -42,3 +43,24 @@ def test_the_schedule_of_a_run_comes_from_its_progressive_settings():
         progressive_start_size=160, progressive_end_size=192, progressive_start_epoch=1, progressive_end_epoch=2
     )
     assert CropSchedule.of(data).sizes(4) == [160, 160, 192, 192]
+
+
+def test_under_shorter_loop_epochs_the_ramp_counts_data_epochs_as_the_lr_does():
+    # FFCV's 88-epoch ramp (160 px to epoch 65, 192 px from 76) in a run of 4x shorter loop epochs
+    # (--epoch-batches at a quarter of a pass): the sizes change at the same samples seen, 4x later in loop epochs.
+    cfg = Config()
+    data, cfg.run.epochs, cfg.data.batch_size, cfg.data.epoch_batches = cfg.data, 88 * 4, 100, 250
+    data.progressive_start_size, data.progressive_end_size = 160, 192
+    data.progressive_start_epoch, data.progressive_end_epoch = 65, 76
+    schedule = Schedule.of(cfg, train_samples=100_000, train_sizes=None, world=1)
+    assert schedule.interval_epochs == 0.25
+    sizes = CropSchedule.of(data, schedule.interval_epochs).sizes(schedule.epochs)
+    by_pass = CropSchedule.of(data).sizes(88)
+    assert len(sizes) == 4 * 88 and sizes[::4] == by_pass  # at each pass's start, the size the pass-epoch run has
+    assert set(sizes[: 4 * 65 + 1]) == {160} and set(sizes[4 * 76 :]) == {192}
+
+
+def test_without_epoch_batches_a_loop_epoch_is_one_data_epoch():
+    cfg = Config()
+    cfg.run.epochs, cfg.data.batch_size = 5, 64
+    assert Schedule.of(cfg, train_samples=10_000, train_sizes=None, world=2).interval_epochs == 1.0

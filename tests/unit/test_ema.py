@@ -3,13 +3,19 @@ run state, and the final weights taken from the better of the two."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from imagenet_train.cli import build_parser
+from imagenet_train.commands.train_cmd import _config_from
+from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.planning.position import Position
+from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint
-from imagenet_train.training.ema import ModelEma, ema_scores, ema_weights, update_decay, write_final
+from imagenet_train.training.ema import ModelEma, ema_scores, ema_weights, run_ema, update_decay, write_final
 
 pytestmark = pytest.mark.unit
 
@@ -57,6 +63,49 @@ def test_ema_copies_the_weights_during_lr_warmup():
 def test_ema_decay_is_adjusted_for_the_global_batch_the_interval_and_the_epochs():
     assert update_decay(0.99998, 1024, 32, 600) == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
     assert update_decay(0.9, 1024, 32, 1) == 0.0  # capped: each update copies
+
+
+IMAGENET_TRAIN = 1_281_167
+
+
+def _recipe_run(*flags: str) -> tuple[Config, Schedule]:
+    """rn50-torchvision-v2 on 8 ranks with `flags` after the recipe, as `train --config` reads it."""
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "rn50-torchvision-v2.yaml"
+    args = build_parser().parse_args(["train", "--shards", "x", "--config", str(recipe), *flags])
+    cfg = _config_from(args).for_world(8)
+    return cfg, Schedule.of(cfg, IMAGENET_TRAIN, [1000] * 1281 + [167], 8)
+
+
+def _span(flags: tuple[str, ...]) -> float:
+    """The EMA's span (samples per update / (1 - decay per update)), in data epochs."""
+    cfg, schedule = _recipe_run(*flags)
+    model = Tiny()
+    ema = run_ema(model, cfg.optim, schedule)
+    assert ema is not None
+    ema.averaged.update_parameters(model)  # the first update copies the weights (0)
+    _set(model, 1.0)
+    ema.averaged.update_parameters(model)  # the second moves the average 1 - decay towards them
+    decay = 1 - float(ema.module.weight[0])
+    samples_per_update = schedule.global_batch * cfg.optim.model_ema_steps
+    return samples_per_update / (1 - decay) / IMAGENET_TRAIN
+
+
+@pytest.mark.parametrize(
+    ("flags", "run_epochs", "span"),
+    [
+        ((), 600, 23.4),  # the anchor's command: 600 passes, an average over the last 23.4 of them
+        (("--mode", "resampled", "--epochs", "600", "--epoch-batches", "300"), 143.9, 5.6),  # loop epochs of 300 steps
+        (("--mode", "resampled", "--total-samples", str(600 * IMAGENET_TRAIN), "--epoch-batches", "300"), 600, 23.4),
+        (("--mode", "split", "--epochs", "600", "--epoch-batches", "300"), 143.9, 5.6),  # every rank cut at 300
+    ],
+)
+def test_ema_horizon_counts_data_epochs_whatever_the_loop_epochs_are(flags, run_epochs, span):
+    # torchvision's adjustment makes the average span a fixed share of the run (1 / ((1 - decay) x samples) of it,
+    # 3.9% for this recipe), counted in passes over the data; loop epochs of another length must not change it.
+    found = _span(flags)
+    # (before: 23.4 for the second, 97.7 for the third: the decay was adjusted for 600 and 2,503 loop epochs)
+    assert found == pytest.approx(span, abs=0.05)
+    assert found / run_epochs == pytest.approx(1 / (2e-5 * IMAGENET_TRAIN), rel=2e-3)
 
 
 def _train(model, optimizer, ema, steps: range) -> None:

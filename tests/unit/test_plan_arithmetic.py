@@ -81,3 +81,38 @@ def test_lr_warms_up_linearly_then_decays_by_cosine_to_zero():
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
     assert lrs[55] == pytest.approx(0.5, abs=0.02)
     assert plan.lr_at(100, 100, 10, 1.0) == pytest.approx(0.0)
+
+
+@given(
+    nshards=st.integers(1, 60),
+    world=st.integers(1, 8),
+    reps=st.integers(2, 6),
+    seed=st.integers(0, 3),
+    epoch=st.integers(0, 3),
+)
+@settings(max_examples=200, deadline=None)
+def test_repeated_augmentation_reads_a_share_of_the_shards_reps_times_spread_over_ranks(
+    nshards, world, reps, seed, epoch
+):
+    # torchvision's RASampler at the shard level: a fresh 1/reps share each epoch, each shard reps times (the
+    # last one fewer when reps does not divide the count), the epoch as long as one pass, copies on distinct ranks.
+    order = plan.repeated_order(plan.epoch_order(nshards, seed, epoch), reps)
+    assert len(order) == nshards
+    chosen = sorted(set(order))
+    assert len(chosen) == math.ceil(nshards / reps)
+    counts = [order.count(shard) for shard in chosen]
+    assert counts.count(reps) >= len(chosen) - 1 and all(1 <= count <= reps for count in counts)
+    for rank_a in range(world):
+        for rank_b in range(rank_a + 1, world):
+            if reps <= world:  # as RASampler: each rank gets at most one copy of a shard when reps <= ranks
+                shared = set(plan.assigned(order, rank_a, world)) & set(plan.assigned(order, rank_b, world))
+                assert all(order.count(s) > 1 for s in shared)
+    for rank in range(world):  # as RASampler: a shard's copies go to distinct ranks while reps <= ranks
+        mine = plan.assigned(order, rank, world)
+        assert reps > world or len(mine) == len(set(mine))
+
+
+def test_repeated_augmentation_draws_a_fresh_share_every_epoch():
+    shares = [frozenset(plan.repeated_order(plan.epoch_order(40, 0, epoch), 4)) for epoch in range(4)]
+    assert len(set(shares)) == 4 and all(len(share) == 10 for share in shares)
+    assert plan.repeated_order([3, 1, 2], 1) == [3, 1, 2]  # off: the epoch's order as it was

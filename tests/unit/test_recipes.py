@@ -91,3 +91,24 @@ def test_the_planner_passes_the_recipe_at_its_world_size(path, capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "verdict: OK" in out and "advice:" not in out, out[-600:]
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_the_recipe_states_the_size_it_evaluates_at(path):
+    # Spelled out rather than left to a default (224, torchvision's), so no change of default moves a recipe.
+    settings = yaml.safe_load(path.read_text())
+    assert settings["val_crop_size"] > 0 and settings["val_resize_size"] >= settings["val_crop_size"]
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_the_recipe_reads_every_image_once_per_epoch_and_its_header_says_how(path):
+    # Resampled mode draws shards with replacement (about 1/e of them unread in an epoch); every anchor reads each
+    # image once per epoch. tests/integration/test_recipe_sampling.py shows it over 2 ranks with --log-keys.
+    fields, settings = header(path), yaml.safe_load(path.read_text())
+    assert fields["sampling"].startswith(f"{settings['mode']} mode")
+    if path.name == "small-images.yaml":  # no anchor; `make demo`'s figure fell in queue mode (its header says)
+        return
+    assert settings.get("mode") in ("split", "queue"), f"{path.name}: mode {settings.get('mode')!r}"
+    assert fields["sampling"].startswith(f"{settings['mode']} mode: every ")
+    if not fields["anchor"].startswith("none"):  # what is left of the anchor's sampling, start and init
+        assert all(word in fields["differences"] for word in ("order:", "Join", "init:"))

@@ -1,6 +1,8 @@
 """Separate train and eval sizes under torchvision's names, today's names as aliases, and the combinations
 that are refused in one line."""
 
+import json
+
 import pytest
 
 from imagenet_train.cli import build_parser
@@ -34,17 +36,29 @@ def test_torchvision_names_set_train_and_eval_sizes_apart():
     assert (data.train_crop_size, data.eval_crop_size(), val_resize(data)) == (176, 224, 232)
 
 
-def test_image_size_flag_still_sets_the_train_and_eval_crop():
-    data = config_of("--image-size", "160", "--val-resize", "192").data
-    assert (data.train_crop_size, data.eval_crop_size(), val_resize(data)) == (160, 160, 192)
-    assert config_of("--image-size", "160").data.val_resize_size == 0  # 160 / 0.875 as before
-    assert val_resize(config_of("--image-size", "160").data) == 183
+def test_torchvisions_own_rn50_v2_command_evaluates_at_224_whatever_the_train_crop():
+    # torchvision's command gives no --val-crop-size: its default, 224, holds whatever --train-crop-size says.
+    data = config_of("--train-crop-size", "176", "--val-resize-size", "232").data
+    assert (data.train_crop_size, data.eval_crop_size(), val_resize(data)) == (176, 224, 232)
+    assert json.loads(Config().to_json())["data"]["val_crop_size"] == 224  # config.json holds the resolved size
+
+
+def test_a_val_crop_of_0_follows_the_train_crop_as_config_files_before_the_default_meant():
+    data = config_of("--train-crop-size", "160", "--val-crop-size", "0").data
+    assert (data.eval_crop_size(), val_resize(data)) == (160, 183)  # 160 / 0.875
+
+
+def test_image_size_flag_still_sets_the_train_crop():
+    data = config_of("--image-size", "160", "--val-resize", "256").data
+    assert (data.train_crop_size, data.eval_crop_size(), val_resize(data)) == (160, 224, 256)
+    assert config_of("--image-size", "160").data.val_resize_size == 0  # 224 / 0.875
+    assert val_resize(config_of("--image-size", "160").data) == 256
 
 
 def test_a_config_file_with_the_old_names_still_loads(tmp_path):
     path = tmp_path / "old.yaml"
-    path.write_text("image_size: 160\nval_resize: 192\n")
-    assert load_settings(path) == {"train_crop_size": 160, "val_resize_size": 192}
+    path.write_text("image_size: 160\nval_resize: 192\nval_crop_size: 0\n")
+    assert load_settings(path) == {"train_crop_size": 160, "val_resize_size": 192, "val_crop_size": 0}
     data = config_of("--config", str(path)).data
     assert (data.train_crop_size, data.eval_crop_size(), data.val_resize_size) == (160, 160, 192)
     assert config_of("--config", str(path), "--train-crop-size", "128").data.train_crop_size == 128

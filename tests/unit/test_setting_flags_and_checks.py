@@ -1,5 +1,7 @@
 """One declaration per setting: flags, checks and help come from the config dataclasses."""
 
+from pathlib import Path
+
 import pytest
 
 from imagenet_train.cli import build_parser
@@ -45,3 +47,17 @@ def test_the_loader_may_not_give_up_before_the_io_budget():
         cfg.validate()
     cfg.data.loader_timeout = 0  # wait forever is allowed
     cfg.validate()
+
+
+def test_repeated_augmentation_is_a_flag_and_needs_a_mode_that_reads_shards_in_order():
+    from imagenet_train.commands.train_cmd import train_config
+
+    assert train_config(["--shards", "x", "--mode", "queue", "--ra-reps", "4"]).validate().data.ra_reps == 4
+    cfg = train_config(["--shards", "x", "--ra-reps", "4"])  # the default mode, resampled
+    with pytest.raises(ImagenetTrainError, match=r"^--ra-reps 4: needs --mode split or queue") as caught:
+        cfg.validate()
+    assert "\n" not in str(caught.value)
+    train_config(["--shards", "x", "--ra-reps", "1"]).validate()  # 1 (and 0, the default) is off
+    schema = (Path(__file__).resolve().parents[2] / "helm" / "imagenet-train" / "values.schema.json").read_text()
+    settings = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text()
+    assert '"ra_reps"' in schema and "`--ra-reps` / `ra_reps`" in settings

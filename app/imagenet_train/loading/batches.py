@@ -54,9 +54,17 @@ def _per_sample(data: Any, preset: TrainPreset | ValPreset) -> tuple:
 
 
 def train_loader(
-    cfg: Any, rank: int, world: int, device: torch.device, source: DataSource, batches: int, queue=None
+    cfg: Any,
+    rank: int,
+    world: int,
+    device: torch.device,
+    source: DataSource,
+    batches: int,
+    queue=None,
+    epoch_length: float = 1.0,
 ) -> EpochLoader:
-    """This rank's training batches: `batches` per rank in resampled mode, every sample once otherwise."""
+    """This rank's training batches: `batches` per rank in resampled mode, every sample once otherwise; each loop
+    epoch is `epoch_length` data epochs long for the progressive resizing ramp."""
     data = cfg.data
     exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
     preset = TrainPreset(
@@ -84,6 +92,7 @@ def train_loader(
         seed=cfg.run.seed,
         reading=shard_reading(data, source),
         num_classes=source.num_classes,
+        ra_reps=max(1, data.ra_reps),
     )
     pin = device.type == "cuda" and data.decoder != Decoder.DALI
     return EpochLoader(
@@ -92,7 +101,7 @@ def train_loader(
         None if exact else batches,
         pin_memory=pin,
         timeout=data.loader_timeout,
-        crop_sizes=CropSchedule.of(data),
+        crop_sizes=CropSchedule.of(data, epoch_length),
     )
 
 
@@ -136,10 +145,19 @@ def run_queue(mode: Mode, world: int, distributed: bool):
 class RunBatches:
     """A run's train and val loaders and the device-ready batches of each epoch: uint8 NCHW images, labels, keys."""
 
-    def __init__(self, cfg: Any, rank: int, world: int, device: torch.device, source: DataSource, batches: int):
+    def __init__(
+        self,
+        cfg: Any,
+        rank: int,
+        world: int,
+        device: torch.device,
+        source: DataSource,
+        batches: int,
+        epoch_length: float = 1.0,
+    ):
         self.cfg, self.rank, self.device = cfg, rank, device
         queue = run_queue(cfg.data.mode, world, world > 1)
-        self.train = train_loader(cfg, rank, world, device, source, batches, queue)
+        self.train = train_loader(cfg, rank, world, device, source, batches, queue, epoch_length)
         self.val = val_loader(cfg, rank, world, device, source)
         data = cfg.data
         self.augment = {

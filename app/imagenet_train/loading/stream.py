@@ -72,6 +72,7 @@ class ShardStream(IterableDataset):
     repeat: int = 1  # split mode: read this worker's shard list this many times per epoch
     crop_size: int = 0  # this epoch's train crop size, set on `transform` (0: the transform's own)
     num_classes: int = 0  # labels from 0 to num_classes - 1 are used, others are corrupt samples (0: any)
+    ra_reps: int = 1  # split/queue: repeated augmentation (plan.repeated_order)
 
     def __post_init__(self):
         self.damage = DamageCounters(worker_context())
@@ -98,14 +99,15 @@ class ShardStream(IterableDataset):
             rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}{self.resume_tag}{stream}")
             while True:
                 yield self.urls[rng.randrange(len(self.urls))]
-        order = (
-            plan.epoch_order(len(self.urls), self.seed, self.epoch) if self.shuffle_shards else range(len(self.urls))
+        order = plan.repeated_order(
+            plan.epoch_order(len(self.urls), self.seed, self.epoch) if self.shuffle_shards else range(len(self.urls)),
+            self.ra_reps,
         )
         if self.queue is not None:
             # Without a shard of its own to start with, a rank whose workers start late found every shard of a
             # small epoch claimed and took no step (and rank 0 alone writes the mid-epoch checkpoints).
             position = plan.queue_first_shard(self.rank, self.world, worker, workers)
-            while position < len(self.urls):
+            while position < len(order):
                 yield self.urls[order[position]]
                 position = self.world * workers + self.queue.claim(self.epoch)
             return

@@ -54,6 +54,17 @@ def epoch_order(nshards: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+def repeated_order(order: Sequence[int], reps: int) -> list[int]:
+    """Repeated augmentation (torchvision's RASampler, at the shard level): the first ceil(n / reps) shards of
+    an epoch's order, each `reps` times in a row, cut to the order's length n. Dealt over ranks, the copies of a
+    shard go to `reps` consecutive ranks (each augments its copy its own way) and the epoch stays n shards long;
+    when `reps` does not divide n the last shard chosen has fewer copies. reps <= 1: the order unchanged."""
+    if reps <= 1:
+        return list(order)
+    chosen = order[: -(-len(order) // reps)]
+    return [shard for shard in chosen for _ in range(reps)][: len(order)]
+
+
 def worker_shards(order: Sequence[int], rank: int, world: int, worker: int, workers: int) -> list[int]:
     """The shards one DataLoader worker of one rank reads in split mode (ranks first, then workers)."""
     return assigned(assigned(order, rank, world), worker, workers)
@@ -114,6 +125,7 @@ class Setup:
     join: bool = True  # split mode: the step runs under torch.distributed Join (imagenet-train always does)
     seed: int = SEED
     epoch: int = 0
+    ra_reps: int = 1  # split/queue: repeated augmentation, each shard of a 1/ra_reps share read ra_reps times
 
     @property
     def world(self) -> int:
@@ -131,6 +143,7 @@ class Setup:
         """The one way a run's Setup is made: workers, batch_size, mode, epoch_batches and repeat come from
         `data` (the training config's data section, or the `plan` command's options) unless `given`."""
         taken = {name: getattr(data, name) for name in ("workers", "batch_size", "mode", "epoch_batches", "repeat")}
+        taken["ra_reps"] = max(1, getattr(data, "ra_reps", 1))  # the plan command has no --ra-reps
         return cls(tuple(shard_sizes), seed=seed, **(taken | given))
 
 
@@ -184,12 +197,13 @@ def rank_plans(setup: Setup) -> list[RankPlan]:
         return ranks
     if setup.mode is Mode.QUEUE:
         # Shards go to whichever worker asks first: only the even share of each rank can be planned.
+        samples = sum(sizes[shard] for shard in repeated_order(range(len(sizes)), setup.ra_reps))
         for rank in range(setup.world):
-            share = len(assigned(range(sum(sizes)), rank, setup.world))
+            share = len(assigned(range(samples), rank, setup.world))
             full, partial = batches_for(share, setup.batch_size)
             ranks.append(RankPlan(rank, (), setup.workers, share, full, partial, full + partial, ()))
         return ranks
-    order = epoch_order(len(sizes), setup.seed, setup.epoch)
+    order = repeated_order(epoch_order(len(sizes), setup.seed, setup.epoch), setup.ra_reps)
     for rank in range(setup.world):
         mine = assigned(order, rank, setup.world)
         nworkers = loader_workers(len(mine), setup.workers)

@@ -18,16 +18,21 @@ class CropSchedule:
     end_size: int = 0
     start_epoch: int = 0
     end_epoch: int = 0
+    # Data epochs in one loop epoch (Schedule.interval_epochs): the ramp's epochs are passes over the training
+    # set, as the warmup's and the step LR's are, whatever --epoch-batches or --total-samples make a loop epoch.
+    epoch_length: float = 1.0
 
     @classmethod
-    def of(cls, data: Any) -> CropSchedule:
-        """The schedule a run's data settings (config.DataConfig) describe."""
+    def of(cls, data: Any, epoch_length: float = 1.0) -> CropSchedule:
+        """The schedule a run's data settings (config.DataConfig) describe, for loop epochs of `epoch_length`
+        data epochs each."""
         return cls(
             data.train_crop_size,
             data.progressive_start_size,
             data.progressive_end_size,
             data.progressive_start_epoch,
             data.progressive_end_epoch,
+            epoch_length,
         )
 
     @property
@@ -36,14 +41,15 @@ class CropSchedule:
         return bool(self.start_size and self.end_size)
 
     def __call__(self, epoch: int) -> int:
-        """The train crop size of `epoch` (counted from 0)."""
+        """The train crop size of loop epoch `epoch` (counted from 0), from the data epochs seen at its start."""
         if not self.progressive:
             return self.size
-        if epoch <= self.start_epoch:
+        at = epoch * self.epoch_length
+        if at <= self.start_epoch:
             return self.start_size
-        if epoch >= self.end_epoch:
+        if at >= self.end_epoch:
             return self.end_size
-        fraction = (epoch - self.start_epoch) / (self.end_epoch - self.start_epoch)
+        fraction = (at - self.start_epoch) / (self.end_epoch - self.start_epoch)
         size = round((self.start_size + fraction * (self.end_size - self.start_size)) / STEP) * STEP
         # Rounding may step outside the ramp's ends (e.g. to 0 for a ramp from 40 px): stay within them.
         low, high = sorted((self.start_size, self.end_size))

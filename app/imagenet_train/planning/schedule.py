@@ -45,6 +45,7 @@ class Schedule:
     warmup_method: WarmupMethod = WarmupMethod.LINEAR
     warmup_start: float = 0.0  # --lr-warmup-decay
     accumulate: int = 1  # --grad-accum-steps: loader steps per optimizer step
+    ra_reps: int = 1  # split mode's plan reads a 1/ra_reps share of the shards, each ra_reps times
 
     @classmethod
     def of(cls, cfg: Any, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
@@ -77,6 +78,7 @@ class Schedule:
             warmup_method=WarmupMethod(optim.lr_warmup_method),
             warmup_start=optim.lr_warmup_decay,
             accumulate=accumulate,
+            ra_reps=max(1, data.ra_reps),
         )
 
     @property
@@ -138,6 +140,24 @@ class Schedule:
     def epochs(self) -> int:
         """Epochs to run; with --total-samples, intervals of --epoch-batches (the last one shorter)."""
         return math.ceil(self.total / self.interval) if self.total_samples else self.epochs_option
+
+    @property
+    def cut(self) -> bool:
+        """Whether a loop epoch is other than one pass over the data: --total-samples, or --epoch-batches outside
+        queue mode (which reads every shard once per epoch whatever it says)."""
+        return bool(self.total_samples or (self.epoch_batches_option and self.mode != plan.Mode.QUEUE))
+
+    @cached_property
+    def interval_epochs(self) -> float:
+        """Data epochs (passes over the training set) in one loop epoch: 1, unless --epoch-batches or
+        --total-samples give the loop's epochs another length (samples per interval / training samples)."""
+        return self.interval * self.global_batch / self.train_samples if self.cut else 1.0
+
+    @cached_property
+    def data_epochs(self) -> float:
+        """The run's length in data epochs (samples seen / training samples), the epochs torchvision's EMA decay
+        and FFCV's resizing ramp count; --epochs itself unless --epoch-batches or --total-samples say otherwise."""
+        return self.total * self.global_batch / self.train_samples if self.cut else float(self.epochs_option)
 
     @property
     def warmup(self) -> float:

@@ -18,9 +18,10 @@ PREFIX = "ema_"  # of the EMA's evaluation keys in the epoch record: ema_top1, e
 FINAL = "final.pt"  # RUN_DIR/final.pt: the final weights as a plain state dict
 
 
-def update_decay(decay: float, global_batch: int, every: int, epochs: int) -> float:
+def update_decay(decay: float, global_batch: int, every: int, epochs: float) -> float:
     """The decay per EMA update for `decay` given per sample-epoch, as torchvision's reference adjusts it:
-    1 - min(1, (1 - decay) x global batch x steps per update / epochs)."""
+    1 - min(1, (1 - decay) x global batch x steps per update / epochs), `epochs` in data epochs (passes over the
+    training set): the average then spans epochs / ((1 - decay) x training samples) of them."""
     return 1.0 - min(1.0, (1.0 - decay) * global_batch * every / epochs)
 
 
@@ -65,11 +66,12 @@ class ModelEma(StepHook):
 
 def run_ema(model: torch.nn.Module, optim: Any, schedule: Any) -> ModelEma | None:
     """A run's EMA under --model-ema (None without): the decay per update adjusted for the run's global batch and
-    epochs, copying during the LR warmup (its steps as Schedule.lr counts them). `optim` is config's OptimConfig,
+    length in data epochs (not loop epochs: --epoch-batches and --total-samples change those), copying during the
+    LR warmup (its steps as Schedule.lr counts them). `optim` is config's OptimConfig,
     `schedule` the run's planning Schedule."""
     if not optim.model_ema:
         return None
-    decay = update_decay(optim.model_ema_decay, schedule.global_batch, optim.model_ema_steps, schedule.epochs)
+    decay = update_decay(optim.model_ema_decay, schedule.global_batch, optim.model_ema_steps, schedule.data_epochs)
     return ModelEma(model, decay, optim.model_ema_steps, schedule.warmup_steps)
 
 

@@ -70,7 +70,8 @@ class Trainer:
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)
         for advice in self.schedule.advice() if info.is_main else ():  # a large batch with plain SGD, say
             log.warning("pre-flight: %s", advice)
-        self.batches = RunBatches(cfg, info.rank, info.world, info.device, source, self.schedule.epoch_batches(0))
+        steps, length = self.schedule.epoch_batches(0), self.schedule.interval_epochs  # the ramp's data epochs
+        self.batches = RunBatches(cfg, info.rank, info.world, info.device, source, steps, length)
         facts = {"schedule": self.schedule.facts(), "config": json.loads(cfg.to_json())}
         self.state = checkpoint.RunState(
             self.run_dir, {"model": self.model, "optimizer": optimizer, "scaler": self.step.scaler}, facts
@@ -204,7 +205,7 @@ class Trainer:
         verdict, (stopped_mid_epoch, steps_taken) = self.vote.settle(int(stopped), tally.step)
         self.vote.raise_failure(verdict)
         if self.exact and info.enabled:
-            sync_optimizer_state(self.step.optimizer, tally.step, info)
+            sync_optimizer_state(self.step.optimizer, tally.step, info, self.ema.averaged if self.ema else None)
         if stopped_mid_epoch:
             owed = self._owed(position, steps_taken)
             self.stop_position = Position(epoch, steps_taken, position.segments, info.world, owed)
@@ -246,7 +247,7 @@ class Trainer:
             write_config(
                 self.run_dir,
                 self.cfg.to_json(),
-                derived(self.info, self.schedule, self.source, self.amp, self.start_epoch),
+                derived(self.info, self.schedule, self.source, self.amp, self.start_epoch, self.cfg.data),
             )
         last: dict = {}
         for epoch in range(self.start_epoch, self.schedule.epochs):

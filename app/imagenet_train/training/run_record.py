@@ -32,9 +32,12 @@ def write_config(run_dir: Path, config_json: str, derived: dict[str, Any]) -> No
     (run_dir / "config.json").write_text(json.dumps(resolved, indent=1) + "\n")
 
 
-def derived(info: DistInfo, schedule: Schedule, source: DataSource, amp: torch.dtype | None, epoch: int) -> dict:
-    """What a run derived from its settings and its launch, for config.json."""
+def derived(
+    info: DistInfo, schedule: Schedule, source: DataSource, amp: torch.dtype | None, epoch: int, data: Any = None
+) -> dict:
+    """What a run derived from its settings (`data`: its config.DataConfig) and its launch, for config.json."""
     return {
+        **({} if data is None else {"val_crop_size": data.eval_crop_size()}),  # 0 resolved to the train crop
         "world_size": info.world,
         "global_batch": schedule.global_batch,
         "optimizer_batch": schedule.optimizer_batch,
