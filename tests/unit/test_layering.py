@@ -195,8 +195,8 @@ def test_the_training_package_imports_no_decoder():
 MAX_LINES = 400
 SHORTER = {"training/loop.py": 300, "loading/stream.py": 300}
 # config.py is one declaration per setting (the house rule: every setting is declared there once), so it grows
-# with the settings, not with what it does.
-LONGER = {"config.py": 500}
+# with the settings, not with what it does (its split into a settings package by section is issue #36).
+LONGER = {"config.py": 540}
 
 
 def test_no_module_is_longer_than_it_should_be():
