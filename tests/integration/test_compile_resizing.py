@@ -56,9 +56,16 @@ def two_batch_shards(tmp_path_factory) -> Path:
     return root / "shards"
 
 
-@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "backend, device",
+    [
+        ("eager", "cpu"),
+        pytest.param("inductor", "cpu", marks=pytest.mark.slow),  # minutes on 2 cores: CI's own compiler
+        pytest.param("inductor", "cuda", marks=pytest.mark.cuda),
+    ],
+)
 def test_progressive_resizing_compiles_one_static_graph_per_crop_size_over_the_run(
-    two_batch_shards, tmp_path, monkeypatch, fresh_dynamo, backend
+    two_batch_shards, tmp_path, monkeypatch, fresh_dynamo, backend, device
 ):
     recorder = RecordingBackend(backend)
     monkeypatch.setattr(step, "COMPILE_BACKEND", recorder)
@@ -69,7 +76,7 @@ def test_progressive_resizing_compiles_one_static_graph_per_crop_size_over_the_r
     cfg.run.arch, cfg.run.compile, cfg.run.epochs, cfg.run.tensorboard = "resnet18", True, 4, False
     cfg.optim.warmup_epochs = 0
     cfg.run.run_dir = str(tmp_path / "run")
-    info = DistInfo(rank=0, world=1, local_rank=0, device=torch.device("cpu"))
+    info = DistInfo(rank=0, world=1, local_rank=0, device=torch.device(device))
     Trainer(cfg.validate(), info, resolve_source(cfg.data.shards)).run()
 
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
