@@ -299,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="page to write (- : none)")
     parser.add_argument("--no-tests", action="store_true", help="leave out the CUDA tests")
     parser.add_argument("--no-p6", action="store_true", help="leave out P6")
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(given)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -324,9 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: {name}: {json.dumps(checks[name])}", flush=True)
     report = {
         "date": time.strftime("%Y-%m-%d"),
-        "command": "make gpu-check"
-        if argv is None and args.device == "cuda"
-        else "python bench/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(["python bench/gpu_check.py", *given]) if given else "make gpu-check",
         "gpu": gpu_name(args.device),
         "machine": common.machine(),
         "torch": torch.__version__,
