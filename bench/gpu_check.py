@@ -26,6 +26,7 @@ import common  # noqa: E402
 import pages  # noqa: E402
 
 HEADING = "## make gpu-check"
+REPO = Path(__file__).resolve().parents[1]
 P6_SIZES = (160, 192, 224)
 TIMEOUT_S = 300  # one training run; the whole check aims at 10 minutes
 
@@ -121,6 +122,8 @@ def failure(process: subprocess.CompletedProcess, what: str) -> dict:
 
 def summary(lines: list[dict], seconds: float) -> dict:
     """A finished run's figures: its last epoch's loss, top-1, rate and the crop size of every epoch."""
+    if not lines:
+        return {"ok": False, "error": "the run wrote no metrics.jsonl line", "seconds": round(seconds, 1)}
     last = lines[-1]
     return {
         "ok": len(lines) == 3,
@@ -205,7 +208,9 @@ def cuda_tests(args: argparse.Namespace) -> dict:
     """Every test marked `cuda`, on this GPU."""
     started = time.monotonic()
     process = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"], os.environ, 600
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", str(REPO / "tests")],
+        os.environ,
+        600,
     )
     tail = [line for line in process.stdout.splitlines() if line.strip()][-1:] or [""]
     return {"ok": process.returncode == 0, "seconds": round(time.monotonic() - started, 1), "pytest": tail[0][:200]}
@@ -342,8 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     if str(args.out) != "-":
         write_page(args.out, report)
     failed = [name for name, found in checks.items() if not found.get("ok")]
+    passed = len(checks) - len(failed)
+    failed += [f"P6 at {size} px" for size, found in report["p6"].items() if "error" in found]
     print(
-        f"gpu-check: {len(checks) - len(failed)} of {len(checks)} passed in {report['seconds']:.0f} s"
+        f"gpu-check: {passed} of {len(checks)} checks passed in {report['seconds']:.0f} s"
         + (f"; failed: {', '.join(failed)}" if failed else ""),
         flush=True,
     )
