@@ -20,7 +20,7 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench recipes mechanisms docs clean build push shell docker-run
+.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench recipes mechanisms gpu-check docs clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
@@ -33,6 +33,7 @@ help:
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into docs/benchmarks.md"
 	@echo "make recipes - today's defaults against recipes/small-images.yaml on the digits, several seeds, into docs/benchmarks.md"
 	@echo "make mechanisms - each recipe mechanism switched one at a time against recipes/small-images.yaml on Fashion-MNIST, 2 seeds, into docs/benchmarks.md"
+	@echo "make gpu-check - on one CUDA GPU (<10 min): the CUDA tests, each training mechanism, P6 at 160/192/224 px into docs/benchmarks.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
 	@echo "make build push [REGISTRY=.. IMAGE=.. TAG=..] - build and push the training image"
 	@echo "make shell / make docker-run - a shell in the image / the 2-GPU job in a container"
@@ -160,6 +161,13 @@ mechanisms: venv system-deps
 
 bench: venv system-deps
 	$(BIN)/python bench/benchmarks_page.py --workdir bench/.work --out docs/benchmarks.md
+
+# One CUDA GPU, under 10 minutes: every test marked `cuda`, a few hundred steps of each mechanism through the CLI
+# (bf16 AMP, channels_last, EMA, MixUp/CutMix, progressive resizing with simplejpeg and DALI, --compile, --val-tta,
+# SIGTERM then --resume latest, evaluate) and P6 at 160, 192 and 224 px, into docs/benchmarks.md ("make gpu-check").
+# Without CUDA it exits 0, listing what it skipped. See docs/performance.md.
+gpu-check: venv
+	$(BIN)/python bench/gpu_check.py
 
 # The MkDocs site from docs/ (mkdocs.yml); --strict turns a broken link or anchor into a failure.
 # tests/integration/test_docs.py runs the same build in `make test`.

@@ -26,6 +26,7 @@ def trainer_for(args: argparse.Namespace, batches: int) -> Trainer:
     cfg = Config()
     cfg.data.shards, cfg.data.workers, cfg.data.batch_size = args.shards, args.workers, args.batch_size
     cfg.data.decoder, cfg.data.epoch_batches, cfg.data.num_classes = args.decoder, batches, 1000
+    cfg.data.train_crop_size = args.crop_size
     cfg.run.arch, cfg.run.amp, cfg.run.compile = "resnet50", "bf16", args.compile
     cfg.run.run_dir = tempfile.mkdtemp(prefix="bench-gpu-")
     info = DistInfo(rank=0, world=1, local_rank=0, device=torch.device("cuda", 0))
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=15)
+    parser.add_argument("--crop-size", type=int, default=224, help="train crop size (P6 runs 160, 192 and 224)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--decoder", default="simplejpeg")
     parser.add_argument("--synthetic", action="store_true", help="also time a fixed batch on the GPU (the ceiling)")
@@ -73,8 +75,11 @@ def main() -> None:
         return
     trainer = trainer_for(args, args.warmup + args.steps)
     result = {"device": torch.cuda.get_device_name(), "batch": args.batch_size, "compile": args.compile}
+    result["crop_size"] = args.crop_size
     if args.synthetic:
-        images = torch.randint(0, 255, (args.batch_size, 3, 224, 224), dtype=torch.uint8, device="cuda")
+        images = torch.randint(
+            0, 255, (args.batch_size, 3, args.crop_size, args.crop_size), dtype=torch.uint8, device="cuda"
+        )
         labels = torch.randint(0, 1000, (args.batch_size,), device="cuda")
         result["synthetic"] = timed(trainer, iter(lambda: (images, labels, []), None), args.steps, args.warmup)
     name = f"{args.decoder}_{args.workers}w"

@@ -107,10 +107,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test is `unit` (marked so: pure code, no processes, milliseconds) or else `integration`
-    (torchrun, nginx, helm, podman, emulators, DataLoader workers): `pytest -m unit` is the quick loop."""
+    (torchrun, nginx, helm, podman, emulators, DataLoader workers): `pytest -m unit` is the quick loop. A test
+    marked `cuda` is skipped where torch sees no CUDA device."""
     for item in items:
         if item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.integration)
+    cuda = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if cuda:
+        import torch
+
+        if not torch.cuda.is_available():  # CI: skipped, saying why; `make gpu-check` runs them on a GPU
+            for item in cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (make gpu-check runs it)"))
 
 
 @pytest.fixture(scope="session")

@@ -112,7 +112,7 @@ def test_device_batches_pass_through_on_cpu():
     assert list(device_batches(batches, torch.device("cpu"))) == batches
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_device_batches_copy_ahead_without_host_sync():
     images = torch.randint(0, 255, (8, 3, 16, 16), dtype=torch.uint8).pin_memory()
     batches = [(images, torch.arange(8).pin_memory(), [])]

@@ -22,6 +22,7 @@ from imagenet_train.errors import ImagenetTrainError, Preempted
 from imagenet_train.loading.batches import RunBatches, seed_augmentation
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.position import Position
+from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint, evaluation, models
@@ -57,7 +58,9 @@ class Trainer:
         torch.manual_seed(run.seed)  # identical initial weights on every rank
         channels_last = run.channels_last and info.device.type == "cuda"
         model = models.create(run, source.num_classes, info.is_main)
-        self.model, self.ddp, forward = distribute(model, info, channels_last, run.compile, self.exact, run.sync_bn)
+        self.model, self.ddp, forward = distribute(
+            model, info, channels_last, run.compile, self.exact, data.batch_size, CropSchedule.of(data), run.sync_bn
+        )
         seed_augmentation(run.seed, info.rank)
         self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
         optimizer = build_optimizer(cfg.optim, self.model, self.schedule.base_lr)

@@ -14,10 +14,13 @@ from torch.nn.parallel import DistributedDataParallel
 from imagenet_train.config import Amp
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.normalize import normalize
+from imagenet_train.planning.resolution import STEP, CropSchedule
 from imagenet_train.planning.schedule import ONE_STEP, Accumulation
 from imagenet_train.training.dist import DistInfo
 
 log = logging.getLogger(__name__)
+
+COMPILE_BACKEND: str | Callable = "inductor"  # torch.compile's backend for --compile (tests count with others)
 
 
 def amp_dtype(mode: Amp | str, device: torch.device) -> torch.dtype | None:
@@ -42,17 +45,47 @@ def sync_batchnorm(model: torch.nn.Module, device: torch.device, distributed: bo
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) if distributed else model
 
 
+def crop_size_count(crops: CropSchedule) -> int:
+    """How many train crop sizes a run can meet, whatever the ramp's clock: its ends and the multiples of 32
+    between them."""
+    if not crops.progressive:
+        return 1
+    low, high = sorted((crops.start_size, crops.end_size))
+    return len({low, high, *range(-(-low // STEP) * STEP, high, STEP)})
+
+
+class CompiledForward:
+    """--compile: the module compiled once per train crop size, each a static graph (dynamic=False). torch's
+    default (dynamic=None) turns the second size into one dynamic-shape graph that every later size shares, and a
+    short last batch into a dynamic batch dimension; here a batch that is not full runs the module uncompiled
+    (at most one per loader worker and epoch, in split and queue modes), so it compiles nothing."""
+
+    def __init__(self, module: torch.nn.Module, batch_size: int, sizes: int, backend: str | Callable = "inductor"):
+        self.module, self.batch_size = module, batch_size
+        self.compiled = torch.compile(module, dynamic=False, backend=backend)
+        # Compiled graphs are cached per code object up to this limit (8 by default); past it torch silently
+        # runs the model uncompiled. One entry per crop size, and one spare for a change of grad mode.
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, sizes + 1)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """The module's output; compiled for a full batch."""
+        return (self.compiled if len(images) == self.batch_size else self.module)(images)
+
+
 def distribute(
     model: torch.nn.Module,
     info: DistInfo,
     channels_last: bool,
     compile_model: bool,
     joined: bool,
+    batch_size: int = 0,
+    crops: CropSchedule | None = None,
     sync_bn: bool = False,
-) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+) -> tuple[torch.nn.Module, torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """The model on this rank's device (with SyncBatchNorm under `sync_bn`), its DDP wrapper (the model itself on
     one process) and what the step calls (the wrapper, compiled under --compile unless `joined`: Join shadows
-    DDP's collectives)."""
+    DDP's collectives; compiled once per crop size of `crops` for batches of `batch_size`)."""
     if sync_bn:
         model = sync_batchnorm(model, info.device, info.enabled)
     model = model.to(info.device)
@@ -65,7 +98,9 @@ def distribute(
         if info.is_main:
             log.warning("--compile: not applied in split or queue mode across ranks (Join's collectives)")
         return model, ddp, ddp
-    return model, ddp, torch.compile(ddp) if compile_model else ddp
+    if not compile_model:
+        return model, ddp, ddp
+    return model, ddp, CompiledForward(ddp, batch_size, crop_size_count(crops or CropSchedule(0)), COMPILE_BACKEND)
 
 
 class TrainStep:
@@ -74,7 +109,7 @@ class TrainStep:
     def __init__(
         self,
         model: torch.nn.Module,
-        forward: torch.nn.Module,
+        forward: Callable[[torch.Tensor], torch.Tensor],
         optimizer: torch.optim.Optimizer,
         criterion: torch.nn.Module,
         amp: torch.dtype | None,

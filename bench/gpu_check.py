@@ -1,0 +1,361 @@
+"""`make gpu-check`: on a machine with one CUDA GPU, in under 10 minutes, every CUDA test, a few hundred training
+steps of each mechanism through the real CLI, and P6 at 160, 192 and 224 px; the figures go into their own section
+of docs/benchmarks.md. Without CUDA it exits 0 and says what it skipped.
+
+  python bench/gpu_check.py                                   # what `make gpu-check` runs
+  python bench/gpu_check.py --device cpu --checks ema --steps 6 --short-side 64 --batch-size 4 --no-p6 --no-tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+import pages  # noqa: E402
+
+HEADING = "## make gpu-check"
+REPO = Path(__file__).resolve().parents[1]
+P6_SIZES = (160, 192, 224)
+TIMEOUT_S = 300  # one training run; the whole check aims at 10 minutes
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One mechanism: what it exercises and the train flags that turn it on."""
+
+    title: str
+    flags: tuple[str, ...] = ()
+    ramp: bool = False  # progressive resizing over the run's 3 epochs
+
+
+CHECKS = {
+    "amp-bf16-channels-last": Check("bf16 AMP and channels_last", ("--amp", "bf16", "--channels-last")),
+    "ema": Check("EMA (--model-ema), scored beside the raw weights", ("--model-ema", "--model-ema-steps", "4")),
+    "mixup-cutmix": Check("MixUp and CutMix on the GPU batch", ("--mixup-alpha", "0.2", "--cutmix-alpha", "1.0")),
+    "progressive-simplejpeg": Check("progressive resizing, simplejpeg decode", ("--decoder", "simplejpeg"), True),
+    "progressive-dali": Check(
+        "progressive resizing, DALI decode (rebuilt on a size change)", ("--decoder", "dali"), True
+    ),
+    "compile-progressive": Check("--compile with progressive resizing (compiles counted)", ("--compile",), True),
+    "val-tta": Check("--val-tta (test-time flip)", ("--val-tta",)),
+    "sigterm-resume": Check("SIGTERM mid-epoch, then --resume latest"),
+    "evaluate": Check("`imagenet-train evaluate` of the resumed run's final.pt"),
+}
+
+
+def shards(work: Path, images: int, val_images: int, short_side: int | None) -> Path:
+    """ImageNet-like JPEG shards (train and val), made once under `work`."""
+    from imagenet_train.datasets.convert import ShardOptions, convert
+
+    out = work / f"shards-{images}-{val_images}-{short_side or 'full'}"
+    if (out / "shards.json").exists():
+        return out
+    sides = (short_side, short_side) if short_side else None
+    folder = common.imagenet_like(work / f"jpegs-{images}-{short_side or 'full'}", images, short_sides=sides)
+    val = common.imagenet_like(work / f"val-{val_images}-{short_side or 'full'}", val_images, seed=1, short_sides=sides)
+    both = work / "both"
+    shutil.rmtree(both, ignore_errors=True)
+    both.mkdir()
+    (both / "train").symlink_to(folder / "train")
+    (both / "val").symlink_to(val / "train")
+    convert(str(both), str(out), ShardOptions(maxcount=256), progress=False, follow_symlinks=True)
+    return out
+
+
+def train_command(args: argparse.Namespace, data: Path, run_dir: Path, check: Check, *extra: str) -> list[str]:
+    """`imagenet-train train` for a check: 3 epochs of `args.steps // 3` batches (one pass over the images each)."""
+    ramp = ()
+    if check.ramp:
+        low, high = args.ramp
+        ramp = ("--progressive-start-size", str(low), "--progressive-end-size", str(high))
+        ramp += ("--progressive-start-epoch", "0", "--progressive-end-epoch", "2")
+    return [
+        *(sys.executable, "-m", "imagenet_train.cli", "train", "--shards", str(data), "--run-dir", str(run_dir)),
+        *("--arch", args.arch, "--batch-size", str(args.batch_size), "--workers", str(args.workers)),
+        *("--epochs", "3", "--train-crop-size", str(args.crop), "--val-resize-size", str(args.crop + args.crop // 7)),
+        *("--val-crop-size", str(args.crop), "--no-tensorboard", "--warmup-epochs", "0"),
+        *ramp,
+        *check.flags,
+        *extra,
+    ]
+
+
+def environment(args: argparse.Namespace, **more: str) -> dict[str, str]:
+    """The runs' environment: the GPU hidden under --device cpu."""
+    env = {**os.environ, **more}
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def run(command: list[str], env: dict[str, str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run a command to its end (or its timeout, a failure), output captured."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        return subprocess.CompletedProcess(command, -1, "", f"timed out after {timeout:.0f} s: {expired.stderr!r}")
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl lines."""
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def failure(process: subprocess.CompletedProcess, what: str) -> dict:
+    """A failed step's record: its exit status and the last line it wrote."""
+    lines = [line for line in (process.stderr + process.stdout).splitlines() if line.strip()]
+    return {"ok": False, "error": f"{what}: exit {process.returncode}: {lines[-1][:300] if lines else ''}"}
+
+
+def summary(lines: list[dict], seconds: float) -> dict:
+    """A finished run's figures: its last epoch's loss, top-1, rate and the crop size of every epoch."""
+    if not lines:
+        return {"ok": False, "error": "the run wrote no metrics.jsonl line", "seconds": round(seconds, 1)}
+    last = lines[-1]
+    return {
+        "ok": len(lines) == 3,
+        "seconds": round(seconds, 1),
+        "train_loss": round(last.get("train_loss", float("nan")), 4),
+        "top1": last.get("top1"),
+        "ema_top1": last.get("ema_top1"),
+        "img_s": last.get("samples_per_s"),
+        "crop_sizes": [line.get("train_crop_size") for line in lines],
+    }
+
+
+def train_check(args: argparse.Namespace, data: Path, name: str) -> dict:
+    """Train one mechanism's run to its end; its figures, or what failed."""
+    run_dir, check = args.workdir / "runs" / name, CHECKS[name]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    env = environment(args, TORCH_LOGS="recompiles") if "--compile" in check.flags else environment(args)
+    started = time.monotonic()
+    process = run(train_command(args, data, run_dir, check), env)
+    if process.returncode != 0:
+        return failure(process, "train")
+    result = summary(metrics(run_dir), time.monotonic() - started)
+    if "--compile" in check.flags:  # the first compile, then one recompile for each new size (TORCH_LOGS)
+        result["compiles"] = 1 + process.stderr.count("Recompiling function")
+        result["ok"] = result["ok"] and result["compiles"] <= len(set(result["crop_sizes"]))
+    return result
+
+
+def sigterm_resume(args: argparse.Namespace, data: Path) -> dict:
+    """Stop a run with SIGTERM once its first mid-epoch checkpoint is written, then finish it with --resume latest."""
+    run_dir, check = args.workdir / "runs" / "sigterm-resume", CHECKS["sigterm-resume"]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    every = str(max(1, args.steps // 12))  # a mid-epoch checkpoint a quarter into the first epoch: then the signal
+    command, env = train_command(args, data, run_dir, check, "--checkpoint-every", every), environment(args)
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    checkpoints = run_dir / "checkpoints"
+    while process.poll() is None and time.monotonic() - started < TIMEOUT_S:
+        if any(checkpoints.glob("epoch-0000-step-*.pt")):
+            process.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    try:
+        output, _ = process.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+    stopped = re.search(r"stopped by SIGTERM at epoch (\d+) step (\d+)", output)
+    if process.returncode != 128 + signal.SIGTERM or not stopped:
+        return failure(subprocess.CompletedProcess(command, process.returncode, output, ""), "SIGTERM stop")
+    resumed = run([*command, "--resume", "latest"], env)
+    if resumed.returncode != 0:
+        return failure(resumed, "resume")
+    result = summary(metrics(run_dir), time.monotonic() - started)
+    result["stopped_at"] = f"epoch {stopped[1]} step {stopped[2]}"
+    result["ok"] = result["ok"] and "resumed from" in resumed.stdout
+    return result
+
+
+def evaluate_check(args: argparse.Namespace, data: Path) -> dict:
+    """`imagenet-train evaluate` of the resumed run's final.pt: its top-1 must be the one training measured."""
+    run_dir = args.workdir / "runs" / "sigterm-resume"
+    if not (run_dir / "final.pt").exists():
+        return {"ok": False, "error": "no final.pt: the sigterm-resume check did not finish"}
+    out, started = args.workdir / "evaluate.json", time.monotonic()
+    command = [
+        *(sys.executable, "-m", "imagenet_train.cli", "evaluate", str(run_dir / "final.pt"), "--shards", str(data)),
+        *("--config", str(run_dir / "config.json"), "--workers", str(args.workers), "--out", str(out)),
+    ]
+    process = run(command, environment(args))
+    if process.returncode != 0:
+        return failure(process, "evaluate")
+    report = json.loads(out.read_text())
+    trained = metrics(run_dir)[-1]
+    top1 = report.get("top1")
+    best = trained.get("top1") if trained.get("final_weights") != "ema" else trained.get("ema_top1")
+    ok = top1 is not None and best is not None and abs(top1 - best) < 1e-6
+    return {"ok": ok, "seconds": round(time.monotonic() - started, 1), "top1": top1, "top1_in_training": best}
+
+
+def cuda_tests(args: argparse.Namespace) -> dict:
+    """Every test marked `cuda`, on this GPU."""
+    started = time.monotonic()
+    process = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", str(REPO / "tests")],
+        os.environ,
+        600,
+    )
+    tail = [line for line in process.stdout.splitlines() if line.strip()][-1:] or [""]
+    return {"ok": process.returncode == 0, "seconds": round(time.monotonic() - started, 1), "pytest": tail[0][:200]}
+
+
+def p6(args: argparse.Namespace, data: Path) -> dict:
+    """bench/gpu.py at each P6 size: the trainer's ResNet-50 step on a fixed GPU batch and on the shards."""
+    found = {}
+    for size in P6_SIZES:
+        command = [sys.executable, str(Path(__file__).with_name("gpu.py")), "--shards", str(data), "--synthetic"]
+        command += ["--crop-size", str(size), "--workers", str(args.workers), "--steps", "100", "--warmup", "15"]
+        process = run(command, environment(args))
+        lines = [line for line in process.stdout.splitlines() if line.startswith("{")]
+        found[size] = json.loads(lines[-1]) if process.returncode == 0 and lines else failure(process, "bench/gpu.py")
+    return found
+
+
+def skipped_without_cuda() -> list[str]:
+    """What the check would have run, for the message on a machine without CUDA."""
+    return ["the CUDA tests (pytest -m cuda)", *(f"{name}: {check.title}" for name, check in CHECKS.items())] + [
+        f"P6 (bench/gpu.py) at {', '.join(map(str, P6_SIZES))} px"
+    ]
+
+
+def gpu_name(device: str) -> str:
+    """The GPU's name, or the CPU's under --device cpu."""
+    import torch
+
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory >> 30} GiB)"
+    return "CPU only (--device cpu)"
+
+
+def section(report: dict) -> list[str]:
+    """The page's section: the command, the machine, each check's figures and P6's."""
+    lines = [
+        HEADING,
+        "",
+        f"Measured {report['date']} by `{report['command']}` in {report['seconds']:.0f} s on {report['gpu']}, "
+        f"host {report['machine']}, torch {report['torch']}, at {report['revision']}. Each check trains "
+        f"{report['arch']} through the real CLI for 3 epochs of {report['steps'] // 3} batches of "
+        f"{report['batch_size']} ({report['workers']} loader workers); raw figures: `{report['results']}`.",
+        "",
+        "| check | result | seconds | last train loss | top-1 | img/s | crop sizes | notes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, found in report["checks"].items():
+        notes = found.get("error") or "; ".join(
+            f"{key} {found[key]}"
+            for key in ("compiles", "stopped_at", "ema_top1", "top1_in_training", "pytest")
+            if found.get(key) is not None
+        )
+        sizes = ", ".join(map(str, found.get("crop_sizes", [])))
+        cells = [name, "passed" if found.get("ok") else "**failed**", found.get("seconds", "")]
+        cells += [found.get("train_loss", ""), found.get("top1", ""), found.get("img_s", ""), sizes, notes]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    if report.get("p6"):
+        lines += [
+            "",
+            "| P6 crop | fixed batch on the GPU (img/s) | real shards (img/s) | data wait |",
+            "|---|---|---|---|",
+        ]
+        for size, found in report["p6"].items():
+            real = next((value for key, value in found.items() if key.endswith("w") and isinstance(value, dict)), {})
+            synthetic = found.get("synthetic", {}).get("img_s", found.get("error", ""))
+            shards_rate = real.get("img_s", real.get("error", ""))
+            lines.append(f"| {size} px | {synthetic} | {shards_rate} | {real.get('data_wait', '')} |")
+    return [*lines, ""]
+
+
+def write_page(out: Path, report: dict) -> None:
+    """Replace (or add) this check's section of `out`, keeping every other section."""
+    old = out.read_text() if out.exists() else ""
+    head = old.split("\n## ", 1)[0].rstrip("\n").splitlines() if old else []
+    kept = pages.hand_written(old, [HEADING])
+    out.write_text("\n".join([*head, "", *kept, *section(report)]).rstrip("\n") + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: run the checks without a GPU")
+    parser.add_argument("--checks", nargs="+", choices=list(CHECKS), default=list(CHECKS))
+    parser.add_argument("--steps", type=int, default=240, help="training steps of each check (3 epochs)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    parser.add_argument("--arch", default="resnet18", help="the checks' model (P6 is ResNet-50)")
+    parser.add_argument("--crop", type=int, default=176, help="train and val crop without a ramp")
+    parser.add_argument("--ramp", type=int, nargs=2, default=(128, 192), help="progressive resizing's start and end")
+    parser.add_argument("--short-side", type=int, default=256, help="the JPEGs' short side (0: 500x375)")
+    parser.add_argument("--workdir", type=Path, default=Path("bench/.work/gpu-check"))
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="page to write (- : none)")
+    parser.add_argument("--no-tests", action="store_true", help="leave out the CUDA tests")
+    parser.add_argument("--no-p6", action="store_true", help="leave out P6")
+    given = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(given)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu-check: no CUDA device here; skipped:\n  " + "\n  ".join(skipped_without_cuda()), flush=True)
+        return 0
+    args.workdir = args.workdir.resolve()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    images = (args.steps // 3) * args.batch_size  # an epoch is one pass over them, whichever clock a ramp counts
+    data = shards(args.workdir, images, 2 * args.batch_size, args.short_side or None)
+    checks: dict[str, dict] = {}
+    if not args.no_tests:
+        checks["cuda-tests"] = cuda_tests(args)
+    for name in args.checks:
+        print(f"gpu-check: {name}: {CHECKS[name].title}", flush=True)
+        if name == "sigterm-resume":
+            checks[name] = sigterm_resume(args, data)
+        elif name == "evaluate":
+            checks[name] = evaluate_check(args, data)
+        else:
+            checks[name] = train_check(args, data, name)
+        print(f"gpu-check: {name}: {json.dumps(checks[name])}", flush=True)
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python bench/gpu_check.py", *given]) if given else "make gpu-check",
+        "gpu": gpu_name(args.device),
+        "machine": common.machine(),
+        "torch": torch.__version__,
+        "revision": subprocess.run(
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True
+        ).stdout.strip(),
+        **{key: getattr(args, key) for key in ("arch", "steps", "batch_size", "workers")},
+        "checks": checks,
+        "p6": {} if args.no_p6 else p6(args, data),
+        "results": str(args.workdir / "results.json"),
+    }
+    report["seconds"] = time.monotonic() - began
+    (args.workdir / "results.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    if str(args.out) != "-":
+        write_page(args.out, report)
+    failed = [name for name, found in checks.items() if not found.get("ok")]
+    passed = len(checks) - len(failed)
+    failed += [f"P6 at {size} px" for size, found in report["p6"].items() if "error" in found]
+    print(
+        f"gpu-check: {passed} of {len(checks)} checks passed in {report['seconds']:.0f} s"
+        + (f"; failed: {', '.join(failed)}" if failed else ""),
+        flush=True,
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""`make gpu-check` (bench/gpu_check.py): without CUDA it exits 0 naming what it skipped; its step runner
+trains, stops on SIGTERM, resumes and evaluates through the real CLI on the CPU, and writes its own page section."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+CHECKS = [
+    "amp-bf16-channels-last",
+    "ema",
+    "mixup-cutmix",
+    "progressive-simplejpeg",
+    "progressive-dali",
+    "compile-progressive",
+    "val-tta",
+    "sigterm-resume",
+    "evaluate",
+]
+
+
+def gpu_check(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def test_without_cuda_it_exits_0_and_names_everything_it_skipped(tmp_path):
+    page = tmp_path / "benchmarks.md"
+    result = gpu_check("--out", str(page), "--workdir", str(tmp_path / "work"))
+    assert result.returncode == 0, result.stderr
+    assert "no CUDA device here; skipped:" in result.stdout
+    for name in [*CHECKS, "pytest -m cuda", "P6 (bench/gpu.py) at 160, 192, 224 px"]:
+        assert name in result.stdout
+    assert not page.exists() and not (tmp_path / "work").exists()  # nothing measured, nothing written
+
+
+def test_its_step_runner_stops_on_sigterm_resumes_and_evaluates_on_cpu(tmp_path):
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\nintro\n\n## Someone else's section\n\nkept\n")
+    work = tmp_path / "work"
+    result = gpu_check(
+        *("--device", "cpu", "--checks", "sigterm-resume", "evaluate", "--steps", "9", "--batch-size", "4"),
+        *("--short-side", "48", "--crop", "32", "--workers", "1", "--no-p6", "--no-tests"),
+        *("--out", str(page), "--workdir", str(work)),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = json.loads((work / "results.json").read_text())["checks"]
+    stopped = checks["sigterm-resume"]
+    assert stopped["ok"] and stopped["crop_sizes"] == [32, 32, 32]
+    assert stopped["stopped_at"].startswith("epoch 0 step ")  # inside the first epoch, not at its end
+    assert checks["evaluate"]["ok"] and checks["evaluate"]["top1"] == checks["evaluate"]["top1_in_training"]
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\nintro\n") and "## Someone else's section\n\nkept\n" in text
+    assert "## make gpu-check" in text and "| sigterm-resume | passed |" in text and "| evaluate | passed |" in text
+    assert "CPU only (--device cpu)" in text
