@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
 from pathlib import Path
 
+from imagenet_train import waiting
 from imagenet_train.config import Config
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
@@ -39,12 +41,21 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     """The run, with the trainer (its DDP model and loader processes) released before the caller tears down
     the process group, also when the run ends in an error or a pre-emption: torn down the other way round,
     a rank can block in its exit past the grace period."""
-    source = run_source(cfg.data)
     trainer: Trainer | None = None
     failure: BaseException | None = None
     try:
+        with waiting.interruptible("fetching the shard index"):
+            source = run_source(cfg.data)
         trainer = Trainer(cfg, info, source, request)  # DDP's constructor broadcasts: a peer can be lost here too
         return trainer.run()
+    except waiting.Stopping as stop:
+        failure = Preempted(stop.signum)
+        name = signal.Signals(stop.signum).name
+        print(
+            f"rank {info.rank}: stopped by {name} while {stop.where or 'waiting'}: exiting without a checkpoint "
+            f"({stop.reason or 'no step since the last checkpoint'}); continue with --resume latest",
+            flush=True,
+        )
     except (Preempted, ImagenetTrainError) as error:
         failure = error.with_traceback(None)  # the traceback holds the loop's frames and, in them, the loaders
         failure.__context__ = failure.__cause__ = None
