@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from imagenet_train import waiting
 from imagenet_train.commands import (
     Parser,
     bucket_cmd,
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"imagenet-train: error: {one_line(str(error))}", file=sys.stderr)
         return 2
     except Preempted as stop:
+        waiting.leave_now(stop.exit_code)
         return stop.exit_code
     except PeerLost as lost:
         print(f"imagenet-train: error: {lost}", file=sys.stderr)

@@ -10,12 +10,15 @@ watchdog thread, woken through the signal wakeup fd, ends the process with the p
 handler has not run within `UNANSWERED_S`.
 
 `Stopping` is a BaseException, like KeyboardInterrupt, so that no retry or broken-shard policy that catches
-Exception takes a stop for a failure and carries on.
+Exception takes a stop for a failure and carries on. It is raised on the main thread only, which decides how
+the process leaves: a helper thread's wait (the results upload, which the stop's own flush still needs) goes on
+until the process exits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -26,7 +29,7 @@ from collections.abc import Iterator
 from imagenet_train.errors import ImagenetTrainError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-SLICE_S = 0.1  # how often a wait off the main thread looks for a stop (the main thread is woken by the signal)
+SLICE_S = 0.1  # how often a wait off the main thread looks at its deadline (the main thread is woken by a signal)
 NOTED_GRACE_S = 2.0  # how long a wait entered after a stop was noted may last
 UNANSWERED_S = 3.0  # a signal the main thread has not handled by then finds it stuck in C++: the process ends
 
@@ -47,6 +50,7 @@ class Stopping(BaseException):
 
 class _State:
     signum = 0  # the first stop signal the handler saw (0: none)
+    cut_short = False  # a wait was ended by a stop: the process should leave at once
     interruptible = 0  # > 0 while the main thread is inside `interruptible()`
     where = ""  # what the main thread is waiting for there, for the one-line message
     installed = False
@@ -61,9 +65,30 @@ def requested() -> int:
     return _state.signum
 
 
+def cut_short(now: bool = False) -> bool:
+    """Whether a stop signal has ended a wait of the main thread, so the process is on its way out (`now`: note
+    that it is, for a stop that ended a collective instead)."""
+    _state.cut_short = _state.cut_short or now
+    return _state.cut_short
+
+
+def leave_now(code: int) -> None:
+    """After a stop that cut a wait short, once everything to keep is written: exit with `code` at once, without
+    the interpreter's teardown (freeing torch takes seconds on a busy node, past a pod's grace)."""
+    if not _state.cut_short:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def check(where: str = "") -> None:
-    """Raise Stopping if a stop signal has arrived, or the one-line error of a `deadline()` that has passed."""
-    if _state.signum:
+    """On the main thread, raise Stopping if a stop signal has arrived; on any, the one-line error of a
+    `deadline()` that has passed."""
+    if _state.signum and _on_main_thread():
+        _state.cut_short = True
         raise Stopping(_state.signum, where)
     limit = getattr(_local, "deadline", None)
     if limit is not None and time.monotonic() > limit[0]:
@@ -90,8 +115,8 @@ def left(default: float) -> float:
 
 
 def sleep(seconds: float, where: str = "") -> None:
-    """Sleep `seconds`, or raise Stopping as soon as a stop signal arrives (in any thread); a `deadline()` that
-    passes meanwhile ends the sleep with its error."""
+    """Sleep `seconds`, or (on the main thread) raise Stopping as soon as a stop signal arrives; a `deadline()`
+    that passes meanwhile ends the sleep with its error."""
     ends = time.monotonic() + max(0.0, seconds)
     with interruptible(where):
         while True:
@@ -100,7 +125,7 @@ def sleep(seconds: float, where: str = "") -> None:
             if remaining <= 0:
                 check(where)
                 return
-            # The main thread's sleep is cut short by the handler itself; other threads look every SLICE_S.
+            # The main thread's sleep is cut short by the handler itself; others look for the deadline every SLICE_S.
             time.sleep(remaining if _on_main_thread() and _state.installed else min(remaining, SLICE_S))
 
 
@@ -154,6 +179,7 @@ def _on_signal(signum: int, _frame) -> None:
     if signum != signal.SIGALRM:
         _state.signum = _state.signum or signum
     if _state.interruptible:
+        _state.cut_short = True
         raise Stopping(_state.signum, _state.where)
 
 

@@ -7,7 +7,7 @@ are retried until `--io-timeout` seconds of outage have passed. Anything else (4
 a server that ignores Range) is an ImagenetTrainError and fails at once.
 
 A read has a deadline, not only an inactivity timeout: a connection that delivers less than MIN_RATE bytes a
-second over a window (STALL_WINDOW_S, or --io-timeout when shorter) counts as a failed attempt, whose outage
+second over a window (STALL_WINDOW_S, or half --io-timeout when shorter) counts as a failed attempt, whose outage
 began when the window did, and the read resumes at its byte on a new connection. Every wait between attempts
 is `waiting.sleep`, so a stop signal ends it at once.
 """
@@ -46,9 +46,10 @@ STALL_WINDOW_S = 30.0
 
 
 def stall_window(budget: float) -> float:
-    """Seconds over which a connection must deliver MIN_RATE bytes a second: STALL_WINDOW_S, or the outage
-    budget when that is shorter (at least 1 s; a budget of 0, no retries, keeps the full window)."""
-    return max(1.0, min(STALL_WINDOW_S, budget)) if budget > 0 else STALL_WINDOW_S
+    """Seconds over which a connection must deliver MIN_RATE bytes a second: STALL_WINDOW_S, or half the outage
+    budget when that is shorter, so a stall leaves time to resume on a new connection (at least 1 s; a budget of 0,
+    no retries, keeps the full window)."""
+    return max(1.0, min(STALL_WINDOW_S, budget / 2)) if budget > 0 else STALL_WINDOW_S
 
 
 class Transient(Exception):

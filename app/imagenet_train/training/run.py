@@ -49,13 +49,9 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
         trainer = Trainer(cfg, info, source, request)  # DDP's constructor broadcasts: a peer can be lost here too
         return trainer.run()
     except waiting.Stopping as stop:
-        failure = Preempted(stop.signum)
-        name = signal.Signals(stop.signum).name
-        print(
-            f"rank {info.rank}: stopped by {name} while {stop.where or 'waiting'}: exiting without a checkpoint "
-            f"({stop.reason or 'no step since the last checkpoint'}); continue with --resume latest",
-            flush=True,
-        )
+        if trainer is not None:
+            trainer.batches.abandon()  # again, for a stop outside the loop's wait (evaluation, the mirror's flush)
+        failure = _left_unsaved(info, stop.signum, stop.where or "waiting", stop.reason or "no step since the last one")
     except (Preempted, ImagenetTrainError) as error:
         failure = error.with_traceback(None)  # the traceback holds the loop's frames and, in them, the loaders
         failure.__context__ = failure.__cause__ = None
@@ -63,11 +59,29 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
         if not is_peer_lost(error):
             raise
         log.debug("a collective failed", exc_info=error)
-        failure = PeerLost(
-            f"rank {info.rank}: another rank is gone ({peer_lost_reason(error)}); exit {PeerLost.exit_code} asks the "
-            f"launcher to restart every node, which resumes from the last checkpoint with --resume latest"
-        )
+        if waiting.requested():  # signalled, and a peer that was signalled too left while this rank was in a step
+            reason = f"another rank left first: {peer_lost_reason(error)}"
+            failure = _left_unsaved(info, waiting.requested(), "in a collective", reason)
+            if trainer is not None and waiting.cut_short(now=True):
+                trainer.batches.abandon()  # its workers may be asleep in an outage
+        else:
+            failure = PeerLost(
+                f"rank {info.rank}: another rank is gone ({peer_lost_reason(error)}); exit {PeerLost.exit_code} asks "
+                f"the launcher to restart every node, which resumes from the last checkpoint with --resume latest"
+            )
     finally:
         del trainer
-        gc.collect()
+        if not waiting.cut_short():  # leaving at once (waiting.leave_now): collecting the loaders takes seconds
+            gc.collect()
     raise failure
+
+
+def _left_unsaved(info: DistInfo, signum: int, where: str, reason: str) -> Preempted:
+    """Say in one line that this rank leaves on a stop signal without a checkpoint, and why."""
+    name = signal.Signals(signum).name
+    print(
+        f"rank {info.rank}: stopped by {name} while {where}: exiting without a checkpoint ({reason}); "
+        f"continue with --resume latest from the last one",
+        flush=True,
+    )
+    return Preempted(signum)
