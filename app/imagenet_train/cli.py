@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as stop:
         waiting.leave_now(stop.exit_code)
         return stop.exit_code
+    except waiting.Stopping as stop:  # a wait outside training (the rendezvous, a command's own wait)
+        print(f"imagenet-train: stopped by {stop}: nothing saved", file=sys.stderr, flush=True)
+        waiting.leave_now(stop.exit_code)
+        return stop.exit_code
     except PeerLost as lost:
         print(f"imagenet-train: error: {lost}", file=sys.stderr)
         return lost.exit_code

@@ -5,9 +5,10 @@ SIGTERM (Kubernetes eviction, spot reclaim) and SIGUSR1 (Slurm's `--signal`) are
 that can stop cleanly at a boundary (the training step) reads `requested()`; code that waits calls `sleep`,
 which raises `Stopping` as soon as a stop is noted. A wait inside someone else's blocking call (the
 DataLoader's queue, a socket read) runs under `interruptible()`: the handler raises `Stopping` right there.
-A wait inside C++ (the rendezvous, a collective) never returns to Python for the handler to run at all: a
-watchdog thread, woken through the signal wakeup fd, ends the process with the pre-emption exit code when the
-handler has not run within `UNANSWERED_S`.
+A wait inside C++ (the rendezvous, the first collectives) runs under `blocking()`: it may never return to
+Python for the handler to run at all, so a watchdog thread, woken through the signal wakeup fd, ends the
+process with the pre-emption exit code when the handler has not run within `UNANSWERED_S`. (A long step in
+C++ is not a wait: the signal is handled when it returns, and the ranks stop at the step's vote.)
 
 `Stopping` is a BaseException, like KeyboardInterrupt, so that no retry or broken-shard policy that catches
 Exception takes a stop for a failure and carries on. It is raised on the main thread only, which decides how
@@ -53,6 +54,7 @@ class _State:
     cut_short = False  # a wait was ended by a stop: the process should leave at once
     interruptible = 0  # > 0 while the main thread is inside `interruptible()`
     where = ""  # what the main thread is waiting for there, for the one-line message
+    blocked = ""  # what the main thread waits for inside `blocking()` (empty: not there)
     installed = False
 
 
@@ -153,6 +155,18 @@ def interruptible(where: str = "") -> Iterator[None]:
         _state.where = saved
 
 
+@contextlib.contextmanager
+def blocking(where: str) -> Iterator[None]:
+    """A wait that may sit in C++ (the rendezvous, a collective): interruptible, and a stop signal that Python
+    cannot handle here within UNANSWERED_S ends the process (the watchdog)."""
+    with interruptible(where):
+        saved, _state.blocked = _state.blocked, where if _on_main_thread() else _state.blocked
+        try:
+            yield
+        finally:
+            _state.blocked = saved
+
+
 def _arm_alarm():
     """Raise Stopping in the block after NOTED_GRACE_S (SIGALRM); returns the handler to put back."""
     previous = signal.signal(signal.SIGALRM, _on_signal)
@@ -193,11 +207,12 @@ def _watch(read: int) -> None:
         if not data:
             return
         for number in data:
-            if number in STOP_SIGNALS and not _answered(UNANSWERED_S):
+            where = _state.blocked
+            if number in STOP_SIGNALS and where and not _answered(UNANSWERED_S) and _state.blocked:
                 name = signal.Signals(number).name
                 print(
-                    f"imagenet-train: stopped by {name} while blocked outside Python (a rendezvous or a collective): "
-                    f"exiting without a checkpoint; continue with --resume latest",
+                    f"imagenet-train: stopped by {name} while {where} (blocked outside Python): exiting without a "
+                    f"checkpoint; continue with --resume latest",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -67,9 +67,10 @@ def stop_during_outage(shards: Path, tmp_path: Path, mode: str, record) -> None:
         Row(
             fault="SIGTERM to every rank while the shard server is down (the ranks wait for data)",
             mode=mode,
-            outcome=outcome_of(code, text) if saved else f"stopped on SIGTERM without a checkpoint (exit {code})",
+            outcome=(outcome_of(code, text) if saved else f"stopped on SIGTERM without a checkpoint (exit {code})")
+            + f": ranks gone {stop_s:.1f} s after the signal, position {where}",
             seconds=round(run.seconds, 1),
-            notes=[f"ranks gone {stop_s:.1f} s after the signal (load {os.getloadavg()[0]:.0f}), position {where}"],
+            notes=[f"SIGTERM during an outage, {mode}: the machine's load was {os.getloadavg()[0]:.0f} at the stop"],
         )
     )
     assert code == 128 + signal.SIGTERM, f"expected exit 143, got {code}:\n{text[-4000:]}"

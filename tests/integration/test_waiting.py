@@ -84,7 +84,8 @@ def test_a_signal_never_handled_because_the_rank_is_stuck_in_cpp_still_ends_it()
         from torch.distributed import TCPStore
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         print("in C++", flush=True)
-        store.wait(["never-set"], datetime.timedelta(seconds=60))
+        with waiting.blocking("waiting for a key nobody sets"):
+            store.wait(["never-set"], datetime.timedelta(seconds=60))
         """
     )
     assert process.stdout.readline().strip() == "in C++"
@@ -92,5 +93,5 @@ def test_a_signal_never_handled_because_the_rank_is_stuck_in_cpp_still_ends_it()
     seconds = stop_time(process, signal.SIGTERM)
     errors = process.stderr.read()
     assert process.returncode == 143, errors
-    assert "stopped by SIGTERM while blocked outside Python" in errors
+    assert "stopped by SIGTERM while waiting for a key nobody sets (blocked outside Python)" in errors
     assert seconds < 5, f"{seconds:.1f} s to stop"

@@ -185,6 +185,10 @@ class ResumableReader(io.RawIOBase):
     def __init__(self, url: str, open_at: Callable[[int], Opened], budget: float):
         self.url, self.open_at, self.budget = url, open_at, budget
         self.window = stall_window(budget)
+        # A stall's outage outlives the few bytes the slow connections deliver: it ends only after a whole window
+        # at the minimum rate, where any other outage ends at the first read that succeeds.
+        self.outage: Outage | None = None
+        self.stalled = False
         self.position = 0
         self.opened: Opened | None = call(url, budget, lambda: open_at(0))
         self._pace_from(time.monotonic())
@@ -196,7 +200,6 @@ class ResumableReader(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         """Fill `buffer` with the next bytes, waiting out an outage; how many came (0 at the end)."""
-        outage = None
         while True:
             try:
                 if self.opened is None:
@@ -206,8 +209,11 @@ class ResumableReader(io.RawIOBase):
                 break
             except RETRYABLE as error:
                 self._drop()
-                outage = outage or Outage(self.url, self.budget, getattr(error, "since", None))
-                outage.wait(error)
+                self.outage = self.outage or Outage(self.url, self.budget, getattr(error, "since", None))
+                self.stalled = isinstance(error, Stalled)
+                self.outage.wait(error)
+        if not self.stalled:
+            self.outage = None
         buffer[: len(data)] = data
         self.position += len(data)
         return len(data)
@@ -236,10 +242,12 @@ class ResumableReader(io.RawIOBase):
         now = time.monotonic()
         self.window_bytes += count
         elapsed = now - self.window_start
-        if elapsed < self.window:
+        spent = self.stalled and self.outage is not None and now - self.outage.started >= self.budget
+        if elapsed < self.window and not spent:  # a stall already spent the budget: no second window
             return
         if self.window_bytes < MIN_RATE * elapsed:
             raise Stalled(f"{self.window_bytes} bytes in {elapsed:.0f} s, under {MIN_RATE} bytes/s", self.window_start)
+        self.stalled = False
         self._pace_from(now)
 
     def _drop(self) -> None:

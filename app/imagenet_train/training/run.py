@@ -46,7 +46,8 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     try:
         with waiting.interruptible("fetching the shard index"):
             source = run_source(cfg.data)
-        trainer = Trainer(cfg, info, source, request)  # DDP's constructor broadcasts: a peer can be lost here too
+        with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
+            trainer = Trainer(cfg, info, source, request)  # DDP's constructor broadcasts: a peer can be lost here
         return trainer.run()
     except waiting.Stopping as stop:
         if trainer is not None:
