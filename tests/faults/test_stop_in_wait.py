@@ -55,6 +55,9 @@ def stop_during_outage(shards: Path, tmp_path: Path, mode: str, record) -> None:
         while not ranks_gone(ranks) and time.monotonic() - signalled < 60:
             time.sleep(0.05)
         stop_s = time.monotonic() - signalled
+        if not ranks_gone(ranks):
+            run.lose_node()  # the ranks live in sessions of their own: killing the launcher's group would leave them
+            pytest.fail(f"the ranks still ran 60 s after SIGTERM:\n{run.output()[-3000:]}")
         code = run.wait(timeout=60)
     finally:
         server.stop()

@@ -52,7 +52,8 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     except waiting.Stopping as stop:
         if trainer is not None:
             trainer.batches.abandon()  # again, for a stop outside the loop's wait (evaluation, the mirror's flush)
-        failure = _left_unsaved(info, stop.signum, stop.where or "waiting", stop.reason or "no step since the last one")
+        reason = stop.reason or ("before the first step" if trainer is None else "no step since the last checkpoint")
+        failure = _left_unsaved(info, stop.signum, stop.where or "waiting", reason)
     except (Preempted, ImagenetTrainError) as error:
         failure = error.with_traceback(None)  # the traceback holds the loop's frames and, in them, the loaders
         failure.__context__ = failure.__cause__ = None
@@ -82,7 +83,7 @@ def _left_unsaved(info: DistInfo, signum: int, where: str, reason: str) -> Preem
     name = signal.Signals(signum).name
     print(
         f"rank {info.rank}: stopped by {name} while {where}: exiting without a checkpoint ({reason}); "
-        f"continue with --resume latest from the last one",
+        "continue with --resume latest",
         flush=True,
     )
     return Preempted(signum)
