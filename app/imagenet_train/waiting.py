@@ -158,7 +158,9 @@ def interruptible(where: str = "") -> Iterator[None]:
 @contextlib.contextmanager
 def blocking(where: str) -> Iterator[None]:
     """A wait that may sit in C++ (the rendezvous, a collective): interruptible, and a stop signal that Python
-    cannot handle here within UNANSWERED_S ends the process (the watchdog)."""
+    cannot handle here within UNANSWERED_S ends the process (the watchdog); a stop noted before it starts ends it
+    at once (the watchdog only hears signals that come while it runs)."""
+    check(where)
     with interruptible(where):
         saved, _state.blocked = _state.blocked, where if _on_main_thread() else _state.blocked
         try:

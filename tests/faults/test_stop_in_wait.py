@@ -165,3 +165,37 @@ def test_train_gives_up_on_a_trickling_shard_server_within_io_timeout(four_shard
     trickle_row(record, "train --io-timeout 5 against a trickling shard server", done, seconds, "bound: 5 s a shard")
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_sigterm_during_the_rendezvous_ends_the_rank_with_143(digit_shards, tmp_path, record):
+    # Rank 0 of a world of 2 whose rank 1 never comes: init_process_group waits in C++, where Python's signal
+    # handler cannot run (on 68802eb: still running 15 s after SIGTERM, until the 30 min rendezvous timeout).
+    rank = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    executable = Path(sys.executable).with_name("imagenet-train")
+    process = subprocess.Popen(
+        [str(executable), "train", "--shards", str(digit_shards), "--run-dir", str(tmp_path / "run")],
+        env={**os.environ, **rank, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(8 * busy())  # past the imports, into the rendezvous
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    try:
+        out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+    seconds = time.monotonic() - signalled
+    record(
+        Row(
+            fault="SIGTERM to a rank in the rendezvous (its peer never comes)",
+            mode="-",
+            outcome=f"exit {process.returncode} {seconds:.1f} s after the signal",
+            seconds=round(seconds, 1),
+        )
+    )
+    assert process.returncode == 143, out[-2000:] + err[-2000:]
+    assert "stopped by SIGTERM while joining the process group" in err and "Traceback" not in err
+    assert seconds < STOP_BOUND_S * busy(), f"{seconds:.1f} s"
