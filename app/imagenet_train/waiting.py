@@ -103,7 +103,7 @@ def deadline(seconds: float, message: str) -> Iterator[None]:
     once `seconds` have passed."""
     saved = getattr(_local, "deadline", None)
     ends = time.monotonic() + seconds
-    _local.deadline = (min(ends, saved[0]), message) if saved and saved[0] < ends else (ends, message)
+    _local.deadline = saved if saved and saved[0] <= ends else (ends, message)
     try:
         yield
     finally:
