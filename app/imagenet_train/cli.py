@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from imagenet_train import waiting
 from imagenet_train.commands import (
     Parser,
     bucket_cmd,
@@ -61,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"imagenet-train: error: {one_line(str(error))}", file=sys.stderr)
         return 2
     except Preempted as stop:
+        waiting.leave_now(stop.exit_code)
+        return stop.exit_code
+    except waiting.Stopping as stop:  # a wait outside training (the rendezvous, a command's own wait)
+        print(f"imagenet-train: stopped by {stop}: nothing saved", file=sys.stderr, flush=True)
+        waiting.leave_now(stop.exit_code)
         return stop.exit_code
     except PeerLost as lost:
         print(f"imagenet-train: error: {lost}", file=sys.stderr)

@@ -5,6 +5,11 @@ A scheme supplies `open_at(position) -> Body`; the body's read errors that may p
 reset, timeouts, HTTP 5xx/429, a cloud API's "unavailable") are raised as `Transient`, or as OSError, and
 are retried until `--io-timeout` seconds of outage have passed. Anything else (404, permission denied,
 a server that ignores Range) is an ImagenetTrainError and fails at once.
+
+A read has a deadline, not only an inactivity timeout: a connection that delivers less than MIN_RATE bytes a
+second over a window (STALL_WINDOW_S, or half --io-timeout when shorter) counts as a failed attempt, whose outage
+began when the window did, and the read resumes at its byte on a new connection. Every wait between attempts
+is `waiting.sleep`, so a stop signal ends it at once.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from imagenet_train import waiting
 from imagenet_train.errors import ImagenetTrainError
 
 log = logging.getLogger(__name__)
@@ -34,6 +40,17 @@ IO_TIMEOUT = 900.0
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 30.0
 LOG_EVERY_S = 60.0
+# The slowest a connection may deliver and still count as working: 1 KiB/s averaged over 30 s. A server that
+# sends its headers and then a byte every few seconds never trips a socket's inactivity timeout; this cuts it off.
+MIN_RATE = 1024
+STALL_WINDOW_S = 30.0
+
+
+def stall_window(budget: float) -> float:
+    """Seconds over which a connection must deliver MIN_RATE bytes a second: STALL_WINDOW_S, or half the outage
+    budget when that is shorter, so a stall leaves time to resume on a new connection (at least 1 s; a budget of 0,
+    no retries, keeps the full window)."""
+    return max(1.0, min(STALL_WINDOW_S, budget / 2)) if budget > 0 else STALL_WINDOW_S
 
 
 class Transient(Exception):
@@ -78,9 +95,9 @@ def backoff(attempt: int, rng: random.Random = random._inst) -> float:
 class Outage:
     """One stretch of failures of one URL: sleeps between attempts and gives up after the budget."""
 
-    def __init__(self, url: str, budget: float):
+    def __init__(self, url: str, budget: float, since: float | None = None):
         self.url, self.budget = url, budget
-        self.started = time.monotonic()
+        self.started = time.monotonic() if since is None else since  # a stall's outage began with its window
         self.attempt = 0
 
     def wait(self, error: BaseException) -> None:
@@ -93,7 +110,7 @@ class Outage:
         if _node_may_log():
             log.warning("waiting for %s: %s (%.0f s of --io-timeout %.0f s)", self.url, reason, elapsed, self.budget)
         self.attempt += 1
-        time.sleep(delay)
+        waiting.sleep(delay, f"waiting for {self.url}")
 
 
 def describe(error: BaseException) -> str:
@@ -158,13 +175,28 @@ def call(url: str, budget: float, attempt: Callable[[], object]):
             outage.wait(error)
 
 
+class Stalled(Transient):
+    """A connection that delivers, but slower than MIN_RATE: a failed attempt like a refused one."""
+
+    def __init__(self, message: str, since: float):
+        super().__init__(message)
+        self.since = since
+
+
 class ResumableReader(io.RawIOBase):
-    """A remote object read front to back; an outage mid-read is waited out and the read resumes in place."""
+    """A remote object read front to back; an outage or a stall mid-read is waited out and the read resumes in
+    place."""
 
     def __init__(self, url: str, open_at: Callable[[int], Opened], budget: float):
         self.url, self.open_at, self.budget = url, open_at, budget
+        self.window = stall_window(budget)
+        # A stall's outage outlives the few bytes the slow connections deliver: it ends only after a whole window
+        # at the minimum rate, where any other outage ends at the first read that succeeds.
+        self.outage: Outage | None = None
+        self.stalled = False
         self.position = 0
         self.opened: Opened | None = call(url, budget, lambda: open_at(0))
+        self._pace_from(time.monotonic())
         self.size = self.opened.size
 
     def readable(self) -> bool:
@@ -173,23 +205,35 @@ class ResumableReader(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         """Fill `buffer` with the next bytes, waiting out an outage; how many came (0 at the end)."""
-        outage = None
         while True:
             try:
                 if self.opened is None:
                     self.opened = self.open_at(self.position)
+                    self._pace_from(time.monotonic())
                 data = self._read(len(buffer))
                 break
             except RETRYABLE as error:
                 self._drop()
-                outage = outage or Outage(self.url, self.budget)
-                outage.wait(error)
+                self.outage = self.outage or Outage(self.url, self.budget, getattr(error, "since", None))
+                self.stalled = isinstance(error, Stalled)
+                self.outage.wait(error)
+        if not self.stalled:
+            self.outage = None
         buffer[: len(data)] = data
         self.position += len(data)
         return len(data)
 
+    def _pace_from(self, now: float) -> None:
+        self.window_start, self.window_bytes = now, 0
+
     def _read(self, size: int) -> bytes:
-        data = self.opened.body.read(size)
+        body = self.opened.body
+        # read1: one receive, so a trickle returns after each byte and its rate is checked; read() would
+        # block until `size` bytes came, however slowly.
+        waiting.check()  # a stop, or the deadline of a whole operation (probe --wait)
+        read1 = getattr(body, "read1", None)
+        data = read1(size) if read1 is not None else body.read(size)
+        self._pace(len(data))
         remaining = self.opened.remaining
         if not data and size and remaining:
             # http.client and friends report a connection closed before the promised length as a clean EOF.
@@ -197,6 +241,19 @@ class ResumableReader(io.RawIOBase):
         if remaining is not None:
             self.opened.remaining = remaining - len(data)
         return data
+
+    def _pace(self, count: int) -> None:
+        """Fail the attempt when the connection delivered less than MIN_RATE bytes a second over a window."""
+        now = time.monotonic()
+        self.window_bytes += count
+        elapsed = now - self.window_start
+        spent = self.stalled and self.outage is not None and now - self.outage.started >= self.budget
+        if elapsed < self.window and not spent:  # a stall already spent the budget: no second window
+            return
+        if self.window_bytes < MIN_RATE * elapsed:
+            raise Stalled(f"{self.window_bytes} bytes in {elapsed:.0f} s, under {MIN_RATE} bytes/s", self.window_start)
+        self.stalled = False
+        self._pace_from(now)
 
     def _drop(self) -> None:
         """Let go of a broken connection; the next attempt reopens at the current position."""

@@ -12,10 +12,11 @@ import urllib.request
 from collections.abc import Callable
 from typing import BinaryIO
 
+from imagenet_train import waiting
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import redirects
 from imagenet_train.io.redirects import RedirectPolicy
-from imagenet_train.io.resumable import IO_TIMEOUT, Opened, ResumableReader, Transient, buffered
+from imagenet_train.io.resumable import IO_TIMEOUT, Opened, ResumableReader, Transient, buffered, stall_window
 
 HTTP_TIMEOUT_S = 60.0
 
@@ -161,11 +162,16 @@ def http_opener(
     return open_at
 
 
+def socket_timeout(io_timeout: float) -> float:
+    """A connection's inactivity timeout: the stall window, and never past the caller's deadline (probe --wait)."""
+    return max(0.5, waiting.left(stall_window(io_timeout)))
+
+
 def open_stream(location: str, io_timeout: float = IO_TIMEOUT) -> BinaryIO:
     """Open a URL or path for sequential binary reading; remote reads wait out outages for `io_timeout` s."""
     scheme = urllib.parse.urlsplit(location).scheme
     if scheme in ("http", "https"):
-        return buffered(ResumableReader(location, http_opener(location), io_timeout))
+        return buffered(ResumableReader(location, http_opener(location, socket_timeout(io_timeout)), io_timeout))
     if scheme == "gs":
         from imagenet_train.io import gcs
 
@@ -176,7 +182,7 @@ def open_stream(location: str, io_timeout: float = IO_TIMEOUT) -> BinaryIO:
         return buffered(ResumableReader(location, s3.opener(location), io_timeout))
     if scheme == "ais":
         http_url = ais_http_url(location)
-        opener = http_opener(http_url, policy=RedirectPolicy.SAME_OBJECT)
+        opener = http_opener(http_url, socket_timeout(io_timeout), RedirectPolicy.SAME_OBJECT)
         return buffered(ResumableReader(location, opener, io_timeout))
     if is_url(location):
         import webdataset

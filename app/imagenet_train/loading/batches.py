@@ -198,6 +198,23 @@ class RunBatches:
             )
         return device_batches(self.dali[loader], self.device)
 
+    def abandon(self) -> None:
+        """After a stop signal in a wait: kill both loaders' workers at once (asleep in an outage, each would hold
+        the loader's shutdown for 5 s), then close the loaders."""
+        from torch.utils.data._utils import signal_handling
+
+        for loader in (self.train, self.val):
+            iterator = getattr(getattr(loader, "loader", None), "_iterator", None)
+            if iterator is None:
+                continue
+            if getattr(iterator, "_worker_pids_set", False):  # else torch's SIGCHLD handler takes the kill for a crash
+                signal_handling._remove_worker_pids(id(iterator))
+                iterator._worker_pids_set = False
+            for worker in getattr(iterator, "_workers", []):
+                if worker.is_alive():
+                    worker.kill()
+        self.close()
+
     def close(self) -> None:
         """Stop both loaders' workers."""
         for loader in (self.train, self.val):

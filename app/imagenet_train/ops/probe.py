@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from imagenet_train import waiting
 from imagenet_train.datasets.index import ShardIndex, load_index
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, one_line
 from imagenet_train.io import storage, tarstream
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
 
@@ -76,13 +77,16 @@ def wait_for(
     trust_index: bool = False,
     verify: bool = True,
 ) -> ProbeResult:
-    """Probe until it succeeds or `timeout` seconds pass; the last error is reported."""
+    """Probe until it succeeds or `timeout` seconds pass, the reads of an attempt included (a server that
+    trickles is cut off at the deadline); the last error is reported."""
     deadline = time.monotonic() + timeout
+    stalled = f"{location}: no complete answer in time (a stalled or very slow server?)"
     while True:
         try:
-            return probe(location, split, trust_index=trust_index, verify=verify)
+            with waiting.deadline(max(0.0, deadline - time.monotonic()), stalled):
+                return probe(location, split, trust_index=trust_index, verify=verify)
         except ImagenetTrainError as error:
             if time.monotonic() + interval > deadline:
-                raise ImagenetTrainError(f"{error} (still failing after {timeout:.0f} s)") from None
+                raise ImagenetTrainError(f"{one_line(str(error))} (still failing after {timeout:.0f} s)") from None
             print(f"waiting for shards: {error}", flush=True)
-            time.sleep(interval)
+            waiting.sleep(interval, "waiting for shards")

@@ -6,6 +6,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
+from imagenet_train import waiting
+
 Item = TypeVar("Item")
 
 
@@ -18,14 +20,16 @@ class DataWait:
         self.ended: float | None = None
 
     def timed(self, items: Iterable[Item]) -> Iterator[Item]:
-        """Yield from `items`, adding the time spent inside each `next` to `waited`."""
+        """Yield from `items`, adding the time spent inside each `next` to `waited`; a stop signal during a `next`
+        raises waiting.Stopping there (the loader's workers may be asleep in an outage)."""
         iterator = iter(items)
         self.started = time.perf_counter()
         try:
             while True:
                 before = time.perf_counter()
                 try:
-                    item = next(iterator)
+                    with waiting.interruptible("waiting for the next batch"):
+                        item = next(iterator)
                 except StopIteration:
                     return
                 finally:

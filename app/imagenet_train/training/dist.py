@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from imagenet_train import waiting
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -45,10 +47,11 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistInfo:
         device = torch.device("cpu")
     if world > 1 and not existing:
         _created.append(True)
-        dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
-            timeout=datetime.timedelta(minutes=timeout_minutes),
-        )
+        with waiting.blocking("joining the process group (the rendezvous)"):
+            dist.init_process_group(
+                backend="nccl" if device.type == "cuda" else "gloo",
+                timeout=datetime.timedelta(minutes=timeout_minutes),
+            )
     return DistInfo(rank, world, local_rank, device)
 
 

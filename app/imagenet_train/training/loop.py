@@ -33,7 +33,7 @@ from imagenet_train.training.key_log import consumed_keys
 from imagenet_train.training.losses import build_criterion
 from imagenet_train.training.mixing import batch_mixing
 from imagenet_train.training.optimizers import build_optimizer
-from imagenet_train.training.preempt import StepVote, StopRequest
+from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, stop_waiting
 from imagenet_train.training.preflight import preflight_check
 from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
 from imagenet_train.training.results_mirror import ResultsMirror
@@ -190,7 +190,7 @@ class Trainer:
         join = Join([self.ddp, self.vote]) if self.exact and info.enabled else contextlib.nullcontext()
         self.ddp.train()
         try:
-            with bar, join:
+            with bar, join:  # a stop in the wait for a batch leaves both by exception: no Join shadow loop
                 for images, labels, keys in tally.wait.timed(self.batches.train_batches()):
                     for hook in hooks:
                         hook.before_step(tally.step, keys)
@@ -202,6 +202,9 @@ class Trainer:
                     if any([hook.after_step(tally.step) for hook in hooks]):  # a list: every hook runs every step
                         stopped = True
                         break
+        except Stopping as stop:
+            self.batches.abandon()
+            stopped = stop_waiting(stop, info, epoch, tally.step, position.step)
         finally:
             for hook in hooks:
                 hook.end()
@@ -299,5 +302,5 @@ class Trainer:
             name = signal.Signals(signum).name
             print(f"stopped by {name} at {where}: checkpoint {path}; continue with --resume latest", flush=True)
         self.mirror.sync()
-        self.mirror.finish(STOP_UPLOAD_S)
+        self.mirror.finish(STOP_UPLOAD_S, stoppable=False)
         raise Preempted(signum)

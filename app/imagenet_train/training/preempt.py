@@ -2,7 +2,8 @@
 on, so no rank is left waiting in a collective for one that has gone.
 
 SIGTERM (Kubernetes eviction, spot reclaim, `kubectl delete`, NGC pre-emption) and SIGUSR1 (Slurm's
-`--signal` before a time limit) are only noted by the handler. Once per step every rank contributes
+`--signal` before a time limit) are noted by the handler (imagenet_train.waiting), which also ends any wait
+in progress. Once per step every rank contributes
 [its signal, 1 + its rank if it failed] to an all-reduce (max); all ranks read the same answer at the same
 step and leave the loop together. Under Join (split and queue modes) the vote is a Joinable, so ranks that
 already ran out of data keep voting in the shadow loop. On GPU the answer is read `lag` steps later from
@@ -11,8 +12,8 @@ pinned memory, so the vote never makes the host wait for the device.
 
 from __future__ import annotations
 
-import signal
-import threading
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,27 +21,71 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Joinable, JoinHook
 
+from imagenet_train import waiting
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.training.dist import DistInfo
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+Stopping = waiting.Stopping
+
+# How long a rank that a stop signal took out of its wait for data waits for the others to say they stopped at the
+# same step (in the job's store): all of them did, and they save as at a step boundary; otherwise it leaves without.
+AGREE_S = 2.0
+
+
+def stop_waiting(stop: waiting.Stopping, info: DistInfo, epoch: int, step: int, since: int) -> bool:
+    """A stop signal ended this rank's wait for its next batch at `step`: True when a step was taken since the
+    last checkpoint (`since`) and every rank stopped waiting at the same step, so they can save; else re-raise
+    `stop` with the reason there will be no checkpoint."""
+    if step <= since:
+        stop.reason = "no step since the last checkpoint"
+        raise stop
+    if not _stopped_together(info, epoch, step):
+        stop.reason = (
+            f"the other ranks did not stop waiting within {AGREE_S:.0f} s at step {step} (in a collective or gone)"
+        )
+        raise stop
+    return True
+
+
+def _stopped_together(info: DistInfo, epoch: int, step: int) -> bool:
+    """Every rank says where it stopped through the job's store (no collective: a peer may be inside one)."""
+    if not info.enabled:
+        return True
+    store = dist.distributed_c10d._get_default_store()
+    prefix = f"imagenet-train/stopped-waiting/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    here = f"{epoch}:{step}".encode()
+    try:
+        store.set(f"{prefix}/{info.rank}", here)
+        keys = [f"{prefix}/{rank}" for rank in range(info.world)]
+        ends = time.monotonic() + AGREE_S
+        while not store.check(keys):  # polled: the store's own wait logs its timeout as a warning
+            if time.monotonic() > ends:
+                return False
+            time.sleep(0.05)
+        return all(store.get(key) == here for key in keys)
+    except Exception:  # the store's timeout is a RuntimeError or DistStoreError, its loss a DistNetworkError
+        return False
 
 
 class StopRequest:
-    """The stop signal this rank received, if any: set by the handler, acted on at a step boundary."""
+    """The stop signal this rank received, if any: noted by `waiting`'s handler (which also ends any wait),
+    acted on at a step boundary."""
 
     def __init__(self) -> None:
-        self.signum = 0
+        self._signum = 0
+
+    @property
+    def signum(self) -> int:
+        """The stop signal received (0: none)."""
+        return self._signum or waiting.requested()
+
+    @signum.setter
+    def signum(self, value: int) -> None:
+        self._signum = value
 
     def install(self) -> None:
-        """Note SIGTERM and SIGUSR1 in this request from now on (in the main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
-            return  # running in a launcher's thread (Ray Train): signals are the launcher's to handle
-        for number in STOP_SIGNALS:
-            signal.signal(number, self._note)
-
-    def _note(self, signum: int, _frame) -> None:
-        self.signum = self.signum or signum
+        """Note SIGTERM and SIGUSR1 from now on (in the main thread only; see imagenet_train.waiting)."""
+        waiting.install()
 
 
 @dataclass(frozen=True)

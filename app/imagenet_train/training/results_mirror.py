@@ -11,8 +11,10 @@ import logging
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 
+from imagenet_train import waiting
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs, transfer
 from imagenet_train.io.resumable import IO_TIMEOUT
@@ -102,11 +104,16 @@ class ResultsUploader:
             except ImagenetTrainError as error:
                 log.error("results: %s did not upload (retried at the next sync): %s", path.name, error)
 
-    def finish(self, timeout: float) -> list[str]:
-        """Wait up to `timeout` s for the mirror to catch up; returns the files still not in the bucket."""
+    def finish(self, timeout: float, stoppable: bool = True) -> list[str]:
+        """Wait up to `timeout` s for the mirror to catch up; returns the files still not in the bucket. A stop
+        signal ends the wait with waiting.Stopping (unless it is the stop's own, bounded flush)."""
         self.sync()
+        ends = time.monotonic() + timeout
         with self.changed:
-            self.changed.wait_for(lambda: self.outstanding == 0, timeout=timeout)
+            while self.outstanding and time.monotonic() < ends:
+                if stoppable:
+                    waiting.check("flushing the results mirror")
+                self.changed.wait(min(waiting.SLICE_S * 5, max(0.0, ends - time.monotonic())))
         return self.pending()
 
 
@@ -146,11 +153,11 @@ class ResultsMirror:
         if self.uploader:
             self.uploader.sync()
 
-    def finish(self, timeout: float) -> None:
+    def finish(self, timeout: float, stoppable: bool = True) -> None:
         """Wait (bounded) for the mirror; files that did not reach the bucket are one error line."""
         if not self.uploader:
             return
-        left = self.uploader.finish(timeout)
+        left = self.uploader.finish(timeout, stoppable)
         if left:
             names = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
             raise ImagenetTrainError(

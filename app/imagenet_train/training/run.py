@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
 from pathlib import Path
 
+from imagenet_train import waiting
 from imagenet_train.config import Config
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
@@ -39,12 +41,19 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     """The run, with the trainer (its DDP model and loader processes) released before the caller tears down
     the process group, also when the run ends in an error or a pre-emption: torn down the other way round,
     a rank can block in its exit past the grace period."""
-    source = run_source(cfg.data)
     trainer: Trainer | None = None
     failure: BaseException | None = None
     try:
-        trainer = Trainer(cfg, info, source, request)  # DDP's constructor broadcasts: a peer can be lost here too
+        with waiting.interruptible("fetching the shard index"):
+            source = run_source(cfg.data)
+        with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
+            trainer = Trainer(cfg, info, source, request)  # DDP's constructor broadcasts: a peer can be lost here
         return trainer.run()
+    except waiting.Stopping as stop:
+        if trainer is not None:
+            trainer.batches.abandon()  # again, for a stop outside the loop's wait (evaluation, the mirror's flush)
+        reason = stop.reason or ("before the first step" if trainer is None else "no step since the last checkpoint")
+        failure = _left_unsaved(info, stop.signum, stop.where or "waiting", reason)
     except (Preempted, ImagenetTrainError) as error:
         failure = error.with_traceback(None)  # the traceback holds the loop's frames and, in them, the loaders
         failure.__context__ = failure.__cause__ = None
@@ -52,11 +61,29 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
         if not is_peer_lost(error):
             raise
         log.debug("a collective failed", exc_info=error)
-        failure = PeerLost(
-            f"rank {info.rank}: another rank is gone ({peer_lost_reason(error)}); exit {PeerLost.exit_code} asks the "
-            f"launcher to restart every node, which resumes from the last checkpoint with --resume latest"
-        )
+        if waiting.requested():  # signalled, and a peer that was signalled too left while this rank was in a step
+            reason = f"another rank left first: {peer_lost_reason(error)}"
+            failure = _left_unsaved(info, waiting.requested(), "in a collective", reason)
+            if trainer is not None and waiting.cut_short(now=True):
+                trainer.batches.abandon()  # its workers may be asleep in an outage
+        else:
+            failure = PeerLost(
+                f"rank {info.rank}: another rank is gone ({peer_lost_reason(error)}); exit {PeerLost.exit_code} asks "
+                f"the launcher to restart every node, which resumes from the last checkpoint with --resume latest"
+            )
     finally:
         del trainer
-        gc.collect()
+        if not waiting.cut_short():  # leaving at once (waiting.leave_now): collecting the loaders takes seconds
+            gc.collect()
     raise failure
+
+
+def _left_unsaved(info: DistInfo, signum: int, where: str, reason: str) -> Preempted:
+    """Say in one line that this rank leaves on a stop signal without a checkpoint, and why."""
+    name = signal.Signals(signum).name
+    print(
+        f"rank {info.rank}: stopped by {name} while {where}: exiting without a checkpoint ({reason}); "
+        "continue with --resume latest",
+        flush=True,
+    )
+    return Preempted(signum)
