@@ -7,9 +7,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+from conftest import REPO
+
+SCRIPT = REPO / "bench" / "gpu_check.py"
 CHECKS = [
     "amp-bf16-channels-last",
     "ema",

@@ -3,8 +3,6 @@ run state, and the final weights taken from the better of the two."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,6 +14,8 @@ from imagenet_train.planning.position import Position
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint
 from imagenet_train.training.ema import ModelEma, ema_scores, ema_weights, run_ema, update_decay, write_final
+
+from conftest import REPO
 
 pytestmark = pytest.mark.unit
 
@@ -70,7 +70,7 @@ IMAGENET_TRAIN = 1_281_167
 
 def _recipe_run(*flags: str) -> tuple[Config, Schedule]:
     """rn50-torchvision-v2 on 8 ranks with `flags` after the recipe, as `train --config` reads it."""
-    recipe = Path(__file__).resolve().parents[2] / "recipes" / "rn50-torchvision-v2.yaml"
+    recipe = REPO / "recipes" / "rn50-torchvision-v2.yaml"
     args = build_parser().parse_args(["train", "--shards", "x", "--config", str(recipe), *flags])
     cfg = _config_from(args).for_world(8)
     return cfg, Schedule.of(cfg, IMAGENET_TRAIN, [1000] * 1281 + [167], 8)

@@ -1,13 +1,13 @@
 """One declaration per setting: flags, checks and help come from the config dataclasses."""
 
-from pathlib import Path
-
 import pytest
 
 from imagenet_train.cli import build_parser
 from imagenet_train.config import Config
 from imagenet_train.declarations import declared, flag
 from imagenet_train.errors import ImagenetTrainError
+
+from conftest import REPO
 
 pytestmark = pytest.mark.unit
 
@@ -58,6 +58,6 @@ def test_repeated_augmentation_is_a_flag_and_needs_a_mode_that_reads_shards_in_o
         cfg.validate()
     assert "\n" not in str(caught.value)
     train_config(["--shards", "x", "--ra-reps", "1"]).validate()  # 1 (and 0, the default) is off
-    schema = (Path(__file__).resolve().parents[2] / "helm" / "imagenet-train" / "values.schema.json").read_text()
-    settings = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text()
+    schema = (REPO / "helm" / "imagenet-train" / "values.schema.json").read_text()
+    settings = (REPO / "docs" / "settings.md").read_text()
     assert '"ra_reps"' in schema and "`--ra-reps` / `ra_reps`" in settings
