@@ -5,6 +5,7 @@ that trickles (headers, then a byte every 2 s) is cut off by the read's minimum 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -31,6 +32,19 @@ UNSAVED = re.compile(r"stopped by SIGTERM while (.+?): exiting without a checkpo
 def ranks_gone(pids: list[int]) -> bool:
     """Whether none of `pids` is still running."""
     return not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+def left_running(pids: list[int]) -> list[int]:
+    """Those of `pids` still running (an orphan the container's init has not reaped yet has ended: state Z)."""
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            running.append(pid)
+    return running
 
 
 def stop_during_outage(shards: Path, tmp_path: Path, mode: str, record) -> None:
@@ -199,3 +213,52 @@ def test_sigterm_during_the_rendezvous_ends_the_rank_with_143(digit_shards, tmp_
     assert process.returncode == 143, out[-2000:] + err[-2000:]
     assert "stopped by SIGTERM while joining the process group" in err and "Traceback" not in err
     assert seconds < STOP_BOUND_S * busy(), f"{seconds:.1f} s"
+
+
+def test_sigterm_while_evaluation_waits_for_its_shards_ends_the_ranks_at_once(four_shards, tmp_path, record):
+    # Train from nginx, validate from a server that is down (nothing listens on its port): the epoch's steps
+    # run, then every rank waits out the outage for its first val batch (on 68802eb: until --io-timeout).
+    index = json.loads((four_shards / "shards.json").read_text())
+    train = index["splits"]["train"]["shardlist"]
+    val_url = f"http://127.0.0.1:{free_port()}/{index['splits']['val']['shardlist'][0]['url']}"
+    server = RestartableNginx(str(four_shards), port=free_port())
+    server.start()
+    try:
+        urls = "::".join(f"{server.url}/{shard['url']}" for shard in train)
+        data = ["--train-urls", urls, "--val-urls", val_url, "--num-classes", str(len(index["classes"]))]
+        data += ["--train-samples", str(sum(shard["nsamples"] for shard in train))]
+        args = [*data, "--run-dir", str(tmp_path / "run"), *FAULT_TRAIN, "--workers", "1"]
+        run = TorchRun(args, tmp_path / "a.log", launch=True)
+        run.wait_for(lambda: "waiting for http" in run.output(), 300, "a rank waiting for the val shard server")
+        time.sleep(1)
+        ranks = child_pids(run.process.pid)
+        workers = [worker for rank in ranks for worker in child_pids(rank)]  # asleep in the outage
+        signalled = time.monotonic()
+        for pid in ranks:
+            os.kill(pid, signal.SIGTERM)
+        while not ranks_gone(ranks) and time.monotonic() - signalled < 60:
+            time.sleep(0.05)
+        stop_s = time.monotonic() - signalled
+        if not ranks_gone(ranks):
+            run.lose_node()
+            pytest.fail(f"the ranks still ran 60 s after SIGTERM:\n{run.output()[-3000:]}")
+        code = run.wait(timeout=60)
+    finally:
+        server.stop()
+    text = run.output()
+    unsaved = UNSAVED.findall(text)
+    record(
+        Row(
+            fault="SIGTERM to every rank while evaluation waits for its val shards (their server is down)",
+            mode="-",
+            outcome=f"exit {code}: ranks gone {stop_s:.1f} s after the signal, {len(unsaved)} 'without a checkpoint'",
+            seconds=round(run.seconds, 1),
+        )
+    )
+    assert code == 128 + signal.SIGTERM, f"expected exit 143, got {code}:\n{text[-4000:]}"
+    assert not traceback_in(text), text[-4000:]
+    assert stop_s < STOP_BOUND_S * busy(), f"ranks took {stop_s:.1f} s to stop:\n{text[-3000:]}"
+    assert workers and not left_running(workers), f"loader workers left running: {left_running(workers)}"
+    # One val shard: rank 0 waits for it; rank 1, with no share, is already in evaluation's closing all_sum.
+    assert len(unsaved) == 2, f"expected one 'exiting without a checkpoint' line per rank:\n{text[-3000:]}"
+    assert ("waiting for a val batch", "epoch 0's checkpoint is written only after its evaluation") in unsaved, text

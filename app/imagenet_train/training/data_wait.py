@@ -19,16 +19,16 @@ class DataWait:
         self.started: float | None = None
         self.ended: float | None = None
 
-    def timed(self, items: Iterable[Item]) -> Iterator[Item]:
+    def timed(self, items: Iterable[Item], where: str = "waiting for the next batch") -> Iterator[Item]:
         """Yield from `items`, adding the time spent inside each `next` to `waited`; a stop signal during a `next`
-        raises waiting.Stopping there (the loader's workers may be asleep in an outage)."""
+        raises waiting.Stopping there (the loader's workers may be asleep in an outage), saying `where`."""
         iterator = iter(items)
         self.started = time.perf_counter()
         try:
             while True:
                 before = time.perf_counter()
                 try:
-                    with waiting.interruptible("waiting for the next batch"):
+                    with waiting.interruptible(where):
                         item = next(iterator)
                 except StopIteration:
                     return

@@ -26,6 +26,7 @@ from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint, evaluation, models
+from imagenet_train.training.data_wait import DataWait
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.ema import ema_scores, final_choice, run_ema, write_final
 from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
@@ -33,7 +34,7 @@ from imagenet_train.training.key_log import consumed_keys
 from imagenet_train.training.losses import build_criterion
 from imagenet_train.training.mixing import batch_mixing
 from imagenet_train.training.optimizers import build_optimizer
-from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, stop_waiting
+from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, stop_waiting, unsaved_on_stop
 from imagenet_train.training.preflight import preflight_check
 from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
 from imagenet_train.training.results_mirror import ResultsMirror
@@ -224,7 +225,8 @@ class Trainer:
         if self.batches.val is None:
             return {}
         self.model.eval()
-        record, keys = self._evaluate(self.model, keep_keys=self.cfg.run.log_keys)
+        with unsaved_on_stop(f"epoch {epoch}'s checkpoint is written only after its evaluation"):  # a val outage
+            record, keys = self._evaluate(self.model, keep_keys=self.cfg.run.log_keys)
         if self.cfg.run.log_keys:
             write_keys(self.run_dir, "val", epoch, self.info.rank, keys)
         if self.ema:
@@ -236,7 +238,7 @@ class Trainer:
         return evaluation.evaluate(
             model,
             self.batches.val,
-            self.batches.val_batches(),
+            DataWait().timed(self.batches.val_batches(), "waiting for a val batch"),
             self.info,
             self.amp,
             self.step.channels_last,

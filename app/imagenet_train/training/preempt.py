@@ -12,9 +12,10 @@ pinned memory, so the vote never makes the host wait for the device.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,16 @@ def stop_waiting(stop: waiting.Stopping, info: DistInfo, epoch: int, step: int, 
         )
         raise stop
     return True
+
+
+@contextlib.contextmanager
+def unsaved_on_stop(reason: str) -> Iterator[None]:
+    """A stop signal in a wait inside this block leaves the rank without a checkpoint, for `reason`."""
+    try:
+        yield
+    except Stopping as stop:
+        stop.reason = stop.reason or reason
+        raise
 
 
 def _stopped_together(info: DistInfo, epoch: int, step: int) -> bool:
