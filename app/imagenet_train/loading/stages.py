@@ -278,21 +278,25 @@ def collate(samples: Sequence[tuple]) -> Batch:
 
 
 def batched(samples: Iterable, batch_size: int, partial: bool, collate_fn: Callable = collate) -> Iterator:
-    """Group samples into batches; the last short batch is kept only when `partial`.
+    """Group samples into batches; the samples left after the last full batch are kept only when `partial`.
 
-    A lone sample left over at the end joins the last full batch instead (plan.batches_for agrees): a batch
-    of one cannot train BatchNorm.
+    Kept, they never form a short batch of their own: a lone sample joins the last full batch (plan.batches_for
+    agrees), and two or more are pooled with it and split into two batches of at least half the batch size.
+    A last batch of a few samples (a worker's share rarely divides evenly) trained the model on BatchNorm
+    statistics of a few images: on small images, where the last stage's maps are 1x1, one such step per epoch
+    sent the digits demo in queue mode from top-1 0.98 to 0.91 and through epochs at chance.
     """
     pending: list = []
-    held: list | None = None  # the last full batch, held back until we know whether one sample follows
+    held: list | None = None  # the last full batch, held back until we know what follows it
     for sample in samples:
         pending.append(sample)
         if len(pending) == batch_size:
             if held is not None:
                 yield collate_fn(held)
             held, pending = pending, []
-    if partial and len(pending) == 1 and held is not None:
-        held, pending = held + pending, []
+    if partial and pending and held is not None:
+        pooled = held + pending
+        held, pending = (pooled, []) if len(pending) == 1 else (pooled[: len(pooled) // 2], pooled[len(pooled) // 2 :])
     if held is not None:
         yield collate_fn(held)
     if pending and partial:
