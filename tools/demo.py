@@ -61,6 +61,7 @@ def main() -> int:
                 "--epochs",
                 str(args.epochs),
                 *("--config", str(RECIPE)),
+                "--no-hflip",  # the recipe flips photos of things; a mirrored 2 is no digit
             ]
             print("$ " + " ".join(command), flush=True)
             result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"})

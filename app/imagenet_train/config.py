@@ -112,7 +112,7 @@ class DataConfig:
     progressive_start_size: int = setting(
         0,
         "progressive resizing (FFCV): the train crop size up to --progressive-start-epoch, then a linear ramp "
-        "in multiples of 32 to --progressive-end-size (0: off, --train-crop-size throughout)",
+        "in multiples of --progressive-step to --progressive-end-size (0: off, --train-crop-size throughout)",
         minimum=0,
         maximum=8192,
     )
@@ -121,6 +121,13 @@ class DataConfig:
     )
     progressive_start_epoch: int = setting(0, "progressive resizing: the epoch the ramp starts at", minimum=0)
     progressive_end_epoch: int = setting(0, "progressive resizing: the epoch the ramp ends at", minimum=0)
+    progressive_step: int = setting(
+        32,
+        "progressive resizing: the ramp's sizes are multiples of this (FFCV's 32 at ImageNet sizes; a ramp from "
+        "14 to 28 px in 32s would jump from one end to the other)",
+        minimum=1,
+        maximum=8192,
+    )
     auto_augment: str = setting(
         AutoAugment.NONE.value,
         "augmentation policy after the crop and flip (torchvision.transforms.v2; DALI's auto_aug with "

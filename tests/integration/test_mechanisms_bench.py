@@ -45,6 +45,7 @@ def test_each_row_switches_its_mechanism_and_nothing_else(name):
     assert changed and changed <= {
         *("model_ema", "label_smoothing", "mixup_alpha", "cutmix_alpha", "auto_augment", "random_erase", "val_tta"),
         *("progressive_start_size", "progressive_end_size", "progressive_start_epoch", "progressive_end_epoch"),
+        "progressive_step",
         *("ra_reps", "opt", "global_batch_size"),
     }
     if name.endswith("-8x"):

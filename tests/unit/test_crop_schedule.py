@@ -64,3 +64,9 @@ def test_without_epoch_batches_a_loop_epoch_is_one_data_epoch():
     cfg = Config()
     cfg.run.epochs, cfg.data.batch_size = 5, 64
     assert Schedule.of(cfg, train_samples=10_000, train_sizes=None, world=2).interval_epochs == 1.0
+
+
+def test_a_small_image_ramp_moves_in_its_own_step_not_ffcvs_32():
+    # In 32s a ramp from 14 to 28 px jumps from one end to the other after its first epoch; in 4s it climbs.
+    assert CropSchedule(28, 14, 28, 0, 4).sizes(5) == [14, 28, 28, 28, 28]
+    assert CropSchedule(28, 14, 28, 0, 4, step=4).sizes(5) == [14, 16, 20, 24, 28]

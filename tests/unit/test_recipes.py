@@ -106,8 +106,6 @@ def test_the_recipe_reads_every_image_once_per_epoch_and_its_header_says_how(pat
     # image once per epoch. tests/integration/test_recipe_sampling.py shows it over 2 ranks with --log-keys.
     fields, settings = header(path), yaml.safe_load(path.read_text())
     assert fields["sampling"].startswith(f"{settings['mode']} mode")
-    if path.name == "small-images.yaml":  # no anchor; `make demo`'s figure fell in queue mode (its header says)
-        return
     assert settings.get("mode") in ("split", "queue"), f"{path.name}: mode {settings.get('mode')!r}"
     assert fields["sampling"].startswith(f"{settings['mode']} mode: every ")
     if not fields["anchor"].startswith("none"):  # what is left of the anchor's sampling, start and init

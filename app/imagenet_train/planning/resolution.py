@@ -1,12 +1,13 @@
 """The train crop size of each epoch: fixed, or progressive resizing as FFCV does it (a linear ramp from a
-start to an end size between two epochs, in multiples of 32). Pure arithmetic, shared by the loader and docs."""
+start to an end size between two epochs, in multiples of a step: FFCV's 32 by default). Pure arithmetic, shared by the
+loader and docs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-STEP = 32  # FFCV rounds the ramp's sizes to multiples of 32
+STEP = 32  # FFCV rounds the ramp's sizes to multiples of 32 (at ImageNet sizes)
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class CropSchedule:
     # Data epochs in one loop epoch (Schedule.interval_epochs): the ramp's epochs are passes over the training
     # set, as the warmup's and the step LR's are, whatever --epoch-batches or --total-samples make a loop epoch.
     epoch_length: float = 1.0
+    step: int = STEP  # the ramp's sizes are multiples of this
 
     @classmethod
     def of(cls, data: Any, epoch_length: float = 1.0) -> CropSchedule:
@@ -33,6 +35,7 @@ class CropSchedule:
             data.progressive_start_epoch,
             data.progressive_end_epoch,
             epoch_length,
+            data.progressive_step,
         )
 
     @property
@@ -50,7 +53,7 @@ class CropSchedule:
         if at >= self.end_epoch:
             return self.end_size
         fraction = (at - self.start_epoch) / (self.end_epoch - self.start_epoch)
-        size = round((self.start_size + fraction * (self.end_size - self.start_size)) / STEP) * STEP
+        size = round((self.start_size + fraction * (self.end_size - self.start_size)) / self.step) * self.step
         # Rounding may step outside the ramp's ends (e.g. to 0 for a ramp from 40 px): stay within them.
         low, high = sorted((self.start_size, self.end_size))
         return min(max(size, low), high)

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from imagenet_train.config import Amp
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.normalize import normalize
-from imagenet_train.planning.resolution import STEP, CropSchedule
+from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.schedule import ONE_STEP, Accumulation
 from imagenet_train.training.dist import DistInfo
 
@@ -46,19 +46,20 @@ def sync_batchnorm(model: torch.nn.Module, device: torch.device, distributed: bo
 
 
 def crop_size_count(crops: CropSchedule) -> int:
-    """How many train crop sizes a run can meet, whatever the ramp's clock: its ends and the multiples of 32
+    """How many train crop sizes a run can meet, whatever the ramp's clock: its ends and the multiples of its step
     between them."""
     if not crops.progressive:
         return 1
     low, high = sorted((crops.start_size, crops.end_size))
-    return len({low, high, *range(-(-low // STEP) * STEP, high, STEP)})
+    return len({low, high, *range(-(-low // crops.step) * crops.step, high, crops.step)})
 
 
 class CompiledForward:
     """--compile: the module compiled once per train crop size, each a static graph (dynamic=False). torch's
     default (dynamic=None) turns the second size into one dynamic-shape graph that every later size shares, and a
     short last batch into a dynamic batch dimension; here a batch that is not full runs the module uncompiled
-    (at most one per loader worker and epoch, in split and queue modes), so it compiles nothing."""
+    (at most two per loader worker and epoch, in split and queue modes: stages.batched's tail), so it compiles
+    nothing."""
 
     def __init__(self, module: torch.nn.Module, batch_size: int, sizes: int, backend: str | Callable = "inductor"):
         self.module, self.batch_size = module, batch_size
