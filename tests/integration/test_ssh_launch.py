@@ -372,3 +372,40 @@ def test_a_killed_ssh_node_stops_its_command_and_what_runs_below_it(tmp_path):
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     assert below and survivors == []
+
+
+@pytest.mark.launchers
+@pytest.mark.timeout(120)
+def test_the_first_host_to_fail_stops_the_others_and_gives_its_exit_code(two_hosts, tmp_path):
+    hosts, access = two_hosts
+    # In place of imagenet-train on each host: node 1 fails at once, node 0 runs until its session is closed.
+    script = tmp_path / "node.sh"
+    script.write_text('[ "$IMAGENET_TRAIN_NODE_RANK" = 1 ] && exit 3\ncat >/dev/null\nexit 0\n')
+    started = time.monotonic()
+    result = cli("ssh", "--hosts", str(hosts), *access, "--remote-command", f"sh {script}", "--", "train", timeout=90)
+    assert result.returncode == 3, result.stderr
+    assert re.search(r"127\.0\.0\.1:\d+ exited with 3; stopping the others", result.stderr), result.stderr
+    assert re.search(r"exit codes: \S+ 0, \S+ 3", result.stderr), result.stderr
+    assert time.monotonic() - started < 60  # node 0 stopped when its session closed, not by the kill deadline
+
+
+@pytest.mark.launchers
+@pytest.mark.timeout(120)
+def test_a_signal_to_the_launcher_closes_every_session_and_exits_128_plus_it(two_hosts, tmp_path):
+    hosts, access = two_hosts
+    script = tmp_path / "node.sh"  # each host: say it started, then run until its session is closed
+    script.write_text(f"touch {tmp_path}/started.$IMAGENET_TRAIN_NODE_RANK\ncat >/dev/null\nexit 0\n")
+    command = [EXECUTABLE, "ssh", "--hosts", str(hosts), *access, "--remote-command", f"sh {script}", "--", "train"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"started.{rank}").exists() for rank in (0, 1)):
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGINT, stderr
+    assert "SIGINT: stopping every host" in stderr and "did not stop in time" not in stderr, stderr

@@ -90,14 +90,6 @@ def test_resampled_epoch_is_one_pass_over_the_data_per_global_batch():
         plan.resampled_epoch_batches(100, 64, 2)
 
 
-def test_lr_warms_up_linearly_then_decays_by_cosine_to_zero():
-    lrs = [plan.lr_at(step, 100, 10, 1.0) for step in range(100)]
-    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
-    assert lrs[55] == pytest.approx(0.5, abs=0.02)
-    assert plan.lr_at(100, 100, 10, 1.0) == pytest.approx(0.0)
-
-
 @given(
     nshards=st.integers(1, 60),
     world=st.integers(1, 8),

@@ -78,6 +78,19 @@ def prepare(
     if data[:3] != b"\xff\xd8\xff":
         kind = "PNG" if data.startswith(PNG_SIGNATURE) else "non-JPEG"
         return _reencode(data, short_side, quality, max_pixels), f"{kind} data re-encoded as RGB JPEG"
+    height, width, colorspace = _checked_header(data, max_pixels)
+    if colorspace in ("CMYK", "YCCK"):
+        return _reencode(data, short_side, quality, max_pixels), f"{colorspace} JPEG re-encoded as RGB"
+    data, note = _cut_at_end_marker(data)
+    if verify != "header":
+        _check_entropy_data(data)
+    if short_side and min(height, width) > short_side:
+        return _reencode(data, short_side, quality, max_pixels), note
+    return data, note
+
+
+def _checked_header(data: bytes, max_pixels: int) -> tuple[int, int, str]:
+    """A JPEG's height, width and colorspace from its header, refused over `max_pixels` before any decode."""
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError as error:
@@ -86,25 +99,27 @@ def prepare(
         check_pixels(width, height, max_pixels)
     except ImageTooLarge as error:
         raise UnusableImage(str(error)) from None
-    if colorspace in ("CMYK", "YCCK"):
-        return _reencode(data, short_side, quality, max_pixels), f"{colorspace} JPEG re-encoded as RGB"
+    return height, width, colorspace
+
+
+def _cut_at_end_marker(data: bytes) -> tuple[bytes, str | None]:
+    """The JPEG up to its end-of-image marker, and a note when more than TRAILING_LISTED bytes were cut."""
     end = jpeg_end(data)
     if end is None:
         raise UnusableImage("truncated JPEG (no end-of-image marker)")
     note = None
-    if end < len(data):
-        if len(data) - end > TRAILING_LISTED:
-            note = f"{len(data) - end} bytes after the JPEG's end-of-image marker dropped"
-        data = data[:end]
-    if verify != "header":
-        try:
-            # A 1/8-scale decode still entropy-decodes every block, so truncation is caught cheaply.
-            simplejpeg.decode_jpeg(data, min_height=1, min_width=1, strict=True)
-        except ValueError as error:
-            raise UnusableImage(f"corrupt JPEG ({error})") from None
-    if short_side and min(height, width) > short_side:
-        return _reencode(data, short_side, quality, max_pixels), note
-    return data, note
+    if len(data) - end > TRAILING_LISTED:
+        note = f"{len(data) - end} bytes after the JPEG's end-of-image marker dropped"
+    return data[:end], note
+
+
+def _check_entropy_data(data: bytes) -> None:
+    """Decode every block of the JPEG, so that corrupt or cut entropy data is caught here."""
+    try:
+        # A 1/8-scale decode still entropy-decodes every block, so truncation is caught cheaply.
+        simplejpeg.decode_jpeg(data, min_height=1, min_width=1, strict=True)
+    except ValueError as error:
+        raise UnusableImage(f"corrupt JPEG ({error})") from None
 
 
 _STANDALONE = {0x01, *range(0xD0, 0xD8)}  # TEM and RST0-7: markers without a length

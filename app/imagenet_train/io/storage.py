@@ -185,6 +185,8 @@ def open_stream(location: str, io_timeout: float = IO_TIMEOUT) -> BinaryIO:
         opener = http_opener(http_url, socket_timeout(io_timeout), RedirectPolicy.SAME_OBJECT)
         return buffered(ResumableReader(location, opener, io_timeout))
     if is_url(location):
+        # pipe: and the schemes we have no reader of our own for (sftp, ftps, scp, hf, htgs): webdataset's gopen
+        # (the reason pyproject.toml keeps webdataset).
         import webdataset
 
         try:

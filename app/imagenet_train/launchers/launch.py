@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from imagenet_train.errors import ImagenetTrainError
@@ -59,83 +59,131 @@ def _static(nnodes: str, node_rank: str, nproc: str, addr: str, port: str) -> li
     ]
 
 
+def _ssh(env: Mapping[str, str], nproc: str | None) -> Launch:
+    """`imagenet-train ssh` sets IMAGENET_TRAIN_* per host."""
+    return Launch(
+        "ssh",
+        _static(
+            _int(env, "IMAGENET_TRAIN_NNODES", "ssh"),
+            _int(env, "IMAGENET_TRAIN_NODE_RANK", "ssh"),
+            nproc or _local_devices(),
+            _need(env, "IMAGENET_TRAIN_MASTER_ADDR", "ssh"),
+            env.get("IMAGENET_TRAIN_MASTER_PORT", DEFAULT_PORT),
+        ),
+    )
+
+
+def _ngc(env: Mapping[str, str], nproc: str | None) -> Launch:
+    """NGC batch: one replica per node of an array; the address is needed once there are two."""
+    per_node = nproc or _int(env, "NGC_GPUS_PER_NODE", "NGC")
+    index = env.get("NGC_ARRAY_INDEX") or env.get("NGC_REPLICA_ID") or "0"
+    addr = env.get("NGC_MASTER_ADDR") or ("localhost" if env["NGC_ARRAY_SIZE"] == "1" else "")
+    if not addr:
+        raise ImagenetTrainError("launch: NGC multinode environment without NGC_MASTER_ADDR")
+    return Launch(
+        "ngc",
+        _static(_int(env, "NGC_ARRAY_SIZE", "NGC"), index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT)),
+    )
+
+
+def _kubeflow(env: Mapping[str, str], nproc: str | None) -> Launch:
+    """Kubeflow PyTorchJob (training-operator) and TrainJob (trainer v2) set torchrun's PET_* variables."""
+    launcher = "trainjob" if "PET_MASTER_ADDR" in env and "MASTER_ADDR" not in env else "pytorchjob"
+    per_node = nproc or env.get("PET_NPROC_PER_NODE") or "1"
+    nnodes = env.get("PET_NNODES", "1")
+    if env.get("PET_RDZV_ENDPOINT"):
+        args = [
+            f"--nnodes={nnodes}",
+            f"--nproc_per_node={per_node}",
+            f"--rdzv_backend={env.get('PET_RDZV_BACKEND', 'c10d')}",
+            f"--rdzv_endpoint={env['PET_RDZV_ENDPOINT']}",
+            f"--rdzv_id={env.get('PET_RDZV_ID') or env.get('JOB_NAME') or 'imagenet-train'}",
+        ]
+        if env.get("PET_MAX_RESTARTS"):
+            args.append(f"--max_restarts={env['PET_MAX_RESTARTS']}")
+        return Launch(f"{launcher} (elastic)", args, dict(ELASTIC_ENV))
+    addr = env.get("PET_MASTER_ADDR") or _need(env, "MASTER_ADDR", launcher)
+    port = env.get("PET_MASTER_PORT") or env.get("MASTER_PORT") or DEFAULT_PORT
+    rank = env.get("PET_NODE_RANK") or env.get("RANK") or "0"
+    return Launch(launcher, _static(nnodes, rank, per_node, addr, port))
+
+
+def _indexed(env: Mapping[str, str], nproc: str | None) -> Launch:
+    """JobSet and Indexed Job: a pod's completion index is its node rank; pod 0's hostname the address."""
+    per_node = nproc or env.get("NPROC_PER_NODE") or "1"
+    index = env["JOB_COMPLETION_INDEX"]
+    if "JOBSET_NAME" in env:
+        jobset, replicated = env["JOBSET_NAME"], env.get("REPLICATED_JOB_NAME", "")
+        # JobSet pods are <jobset>-<replicatedJob>-<jobIndex>-<podIndex> under the subdomain <jobset>.
+        default_addr = f"{jobset}-{replicated}-0-0.{jobset}" if replicated else ""
+        addr = env.get("MASTER_ADDR") or default_addr
+        launcher = "jobset"
+    else:
+        addr, launcher = env.get("MASTER_ADDR", ""), "indexedjob"
+    if not addr:
+        raise ImagenetTrainError(f"launch: {launcher} environment without MASTER_ADDR (pod 0's hostname)")
+    return Launch(
+        launcher,
+        _static(_int(env, "NNODES", launcher), index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT)),
+    )
+
+
+def _slurm(env: Mapping[str, str], nproc: str | None) -> Launch:
+    """A Slurm task (sbatch/srun): slurm.py reads SLURM_* and looks up the first node."""
+    from imagenet_train.launchers.slurm import torchrun_args
+
+    return Launch("slurm", torchrun_args(env, nproc, _local_devices))
+
+
+def _node_per_replica(env: Mapping[str, str], nproc: str | None) -> Launch:
+    """An operator that sets only MASTER_ADDR/WORLD_SIZE/RANK, one replica per node."""
+    per_node = nproc or env.get("NPROC_PER_NODE") or "1"
+    return Launch(
+        "node-per-replica",
+        _static(
+            _int(env, "WORLD_SIZE", "MASTER_ADDR"),
+            env.get("RANK", "0"),
+            per_node,
+            env["MASTER_ADDR"],
+            env.get("MASTER_PORT", DEFAULT_PORT),
+        ),
+    )
+
+
+def _standalone(env: Mapping[str, str], nproc: str | None) -> Launch:
+    """No launcher: plain single-node torchrun over the local GPUs."""
+    return Launch("standalone", ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc or _local_devices()}"])
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """One launcher `launch` recognises: whether an environment is its, and the torchrun arguments it means."""
+
+    name: str
+    detects: Callable[[Mapping[str, str]], bool]
+    resolve: Callable[[Mapping[str, str], str | None], Launch]
+
+
+# First match wins, in this order (the module's docstring lists them); standalone matches any environment.
+LAUNCHERS = (
+    Launcher("ssh", lambda env: "IMAGENET_TRAIN_NODE_RANK" in env, _ssh),
+    Launcher("ngc", lambda env: "NGC_ARRAY_SIZE" in env, _ngc),
+    Launcher("kubeflow", lambda env: "PET_NNODES" in env or "PET_NPROC_PER_NODE" in env, _kubeflow),
+    Launcher("indexed job", lambda env: "JOB_COMPLETION_INDEX" in env, _indexed),
+    Launcher("slurm", lambda env: "SLURM_JOB_ID" in env and ("SLURM_NODEID" in env or "SLURM_PROCID" in env), _slurm),
+    Launcher(
+        "node-per-replica",
+        lambda env: "MASTER_ADDR" in env and "WORLD_SIZE" in env and "LOCAL_RANK" not in env,
+        _node_per_replica,
+    ),
+    Launcher("standalone", lambda env: True, _standalone),
+)
+
+
 def resolve(env: Mapping[str, str], nproc: str | None = None) -> Launch:
     """Choose torchrun arguments from a launcher's environment variables (no I/O but Slurm's node lookup)."""
-    if "IMAGENET_TRAIN_NODE_RANK" in env:  # set per host by `imagenet-train ssh`
-        return Launch(
-            "ssh",
-            _static(
-                _int(env, "IMAGENET_TRAIN_NNODES", "ssh"),
-                _int(env, "IMAGENET_TRAIN_NODE_RANK", "ssh"),
-                nproc or _local_devices(),
-                _need(env, "IMAGENET_TRAIN_MASTER_ADDR", "ssh"),
-                env.get("IMAGENET_TRAIN_MASTER_PORT", DEFAULT_PORT),
-            ),
-        )
-    if "NGC_ARRAY_SIZE" in env:
-        per_node = nproc or _int(env, "NGC_GPUS_PER_NODE", "NGC")
-        index = env.get("NGC_ARRAY_INDEX") or env.get("NGC_REPLICA_ID") or "0"
-        addr = env.get("NGC_MASTER_ADDR") or ("localhost" if env["NGC_ARRAY_SIZE"] == "1" else "")
-        if not addr:
-            raise ImagenetTrainError("launch: NGC multinode environment without NGC_MASTER_ADDR")
-        return Launch(
-            "ngc",
-            _static(_int(env, "NGC_ARRAY_SIZE", "NGC"), index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT)),
-        )
-    if "PET_NNODES" in env or "PET_NPROC_PER_NODE" in env:
-        # Kubeflow PyTorchJob (training-operator) and TrainJob (trainer v2) set torchrun's PET_* variables.
-        launcher = "trainjob" if "PET_MASTER_ADDR" in env and "MASTER_ADDR" not in env else "pytorchjob"
-        per_node = nproc or env.get("PET_NPROC_PER_NODE") or "1"
-        nnodes = env.get("PET_NNODES", "1")
-        if env.get("PET_RDZV_ENDPOINT"):
-            args = [
-                f"--nnodes={nnodes}",
-                f"--nproc_per_node={per_node}",
-                f"--rdzv_backend={env.get('PET_RDZV_BACKEND', 'c10d')}",
-                f"--rdzv_endpoint={env['PET_RDZV_ENDPOINT']}",
-                f"--rdzv_id={env.get('PET_RDZV_ID') or env.get('JOB_NAME') or 'imagenet-train'}",
-            ]
-            if env.get("PET_MAX_RESTARTS"):
-                args.append(f"--max_restarts={env['PET_MAX_RESTARTS']}")
-            return Launch(f"{launcher} (elastic)", args, dict(ELASTIC_ENV))
-        addr = env.get("PET_MASTER_ADDR") or _need(env, "MASTER_ADDR", launcher)
-        port = env.get("PET_MASTER_PORT") or env.get("MASTER_PORT") or DEFAULT_PORT
-        rank = env.get("PET_NODE_RANK") or env.get("RANK") or "0"
-        return Launch(launcher, _static(nnodes, rank, per_node, addr, port))
-    if "JOB_COMPLETION_INDEX" in env:
-        per_node = nproc or env.get("NPROC_PER_NODE") or "1"
-        index = env["JOB_COMPLETION_INDEX"]
-        if "JOBSET_NAME" in env:
-            jobset, replicated = env["JOBSET_NAME"], env.get("REPLICATED_JOB_NAME", "")
-            # JobSet pods are <jobset>-<replicatedJob>-<jobIndex>-<podIndex> under the subdomain <jobset>.
-            default_addr = f"{jobset}-{replicated}-0-0.{jobset}" if replicated else ""
-            addr = env.get("MASTER_ADDR") or default_addr
-            launcher = "jobset"
-        else:
-            addr, launcher = env.get("MASTER_ADDR", ""), "indexedjob"
-        if not addr:
-            raise ImagenetTrainError(f"launch: {launcher} environment without MASTER_ADDR (pod 0's hostname)")
-        return Launch(
-            launcher,
-            _static(_int(env, "NNODES", launcher), index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT)),
-        )
-    if "SLURM_JOB_ID" in env and ("SLURM_NODEID" in env or "SLURM_PROCID" in env):  # sbatch/srun task
-        from imagenet_train.launchers.slurm import torchrun_args
-
-        return Launch("slurm", torchrun_args(env, nproc, _local_devices))
-    if "MASTER_ADDR" in env and "WORLD_SIZE" in env and "LOCAL_RANK" not in env:
-        per_node = nproc or env.get("NPROC_PER_NODE") or "1"
-        return Launch(
-            "node-per-replica",
-            _static(
-                _int(env, "WORLD_SIZE", "MASTER_ADDR"),
-                env.get("RANK", "0"),
-                per_node,
-                env["MASTER_ADDR"],
-                env.get("MASTER_PORT", DEFAULT_PORT),
-            ),
-        )
-    return Launch("standalone", ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc or _local_devices()}"])
+    launcher = next(launcher for launcher in LAUNCHERS if launcher.detects(env))
+    return launcher.resolve(env, nproc)
 
 
 def _local_devices() -> str:

@@ -274,31 +274,8 @@ def run(options: SshOptions) -> int:
         received.append(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    first_failure: tuple[int, int] | None = None  # (rank, exit code) of the host that failed first
-    stop_deadline = None
     try:
-        while True:
-            with fleet.lock:
-                ended = list(fleet.ended)
-            failed = [rank for rank in ended if fleet.processes[rank].returncode != 0]
-            if failed and first_failure is None and stop_deadline is None:
-                rank, code = failed[0], fleet.processes[failed[0]].returncode
-                first_failure = (rank, code)
-                why = " (ssh: no connection, or it broke)" if code == 255 else ""
-                fleet.say(f"{options.hosts[rank].label} exited with {code}{why}; stopping the others")
-            if len(ended) == len(fleet.processes):
-                break
-            if (first_failure or received) and stop_deadline is None:
-                if received:
-                    fleet.say(f"{signal.Signals(received[0]).name}: stopping every host")
-                fleet.close_sessions()
-                stop_deadline = time.monotonic() + options.grace_period + 40
-            if stop_deadline is not None and (time.monotonic() > stop_deadline or len(received) > 1):
-                fleet.say("hosts did not stop in time; closing their connections")
-                fleet.kill(signal.SIGTERM)
-                time.sleep(2)
-                fleet.kill(signal.SIGKILL)
-            time.sleep(0.2)
+        first_failure = _supervise(fleet, options, received)
     finally:
         fleet.close_sessions()
         for sig, handler in previous.items():
@@ -311,3 +288,39 @@ def run(options: SshOptions) -> int:
         return first_failure[1]  # the cause, not the stops it caused on the other hosts
     worst = max(codes)
     return worst if worst or not received else 128 + received[0]
+
+
+def _supervise(fleet: _Fleet, options: SshOptions, received: list[int]) -> tuple[int, int] | None:
+    """Wait until every host has ended, stopping them all on the first failure or a signal (`received`); the
+    (rank, exit code) of the host that failed first, None when none did."""
+    first_failure: tuple[int, int] | None = None
+    stop_deadline = None
+    while True:
+        with fleet.lock:
+            ended = list(fleet.ended)
+        if first_failure is None and stop_deadline is None:
+            first_failure = _first_failure(fleet, options, ended)
+        if len(ended) == len(fleet.processes):
+            return first_failure
+        if (first_failure or received) and stop_deadline is None:
+            if received:
+                fleet.say(f"{signal.Signals(received[0]).name}: stopping every host")
+            fleet.close_sessions()
+            stop_deadline = time.monotonic() + options.grace_period + 40
+        if stop_deadline is not None and (time.monotonic() > stop_deadline or len(received) > 1):
+            fleet.say("hosts did not stop in time; closing their connections")
+            fleet.kill(signal.SIGTERM)
+            time.sleep(2)
+            fleet.kill(signal.SIGKILL)
+        time.sleep(0.2)
+
+
+def _first_failure(fleet: _Fleet, options: SshOptions, ended: list[int]) -> tuple[int, int] | None:
+    """(rank, exit code) of the first of the `ended` hosts that failed, announced; None when none did."""
+    failed = [rank for rank in ended if fleet.processes[rank].returncode != 0]
+    if not failed:
+        return None
+    rank, code = failed[0], fleet.processes[failed[0]].returncode
+    why = " (ssh: no connection, or it broke)" if code == 255 else ""
+    fleet.say(f"{options.hosts[rank].label} exited with {code}{why}; stopping the others")
+    return rank, code

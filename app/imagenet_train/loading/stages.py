@@ -7,7 +7,9 @@ import logging
 import multiprocessing
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from contextlib import closing
+from dataclasses import dataclass, field, replace
+from typing import BinaryIO
 
 import torch
 from torch.utils.data import get_worker_info
@@ -140,6 +142,118 @@ class ShardReading:
         return storage.open_stream(url, self.io_timeout)
 
 
+@dataclass(frozen=True)
+class Shard:
+    """One shard on its way through the stages: its url, what its index expects of it, and once opened its
+    bytes (`verifier`: the reader that hashes them as they are read, when the cache did not check them)."""
+
+    url: str
+    expected: ShardInfo | None = None
+    sha256: str | None = None  # the digest to check, only when verifying
+    stream: BinaryIO | VerifyingReader | None = None
+    verifier: VerifyingReader | None = None
+
+
+class ShardOutcomes:
+    """What becomes of each shard read: a broken one is counted and named once in a warning (or ends the run
+    under --on-broken-shard fail), and `max_empty` shards in a row with no sample end the stream, so an
+    endless resampled stream over unusable shards fails instead of spinning forever."""
+
+    def __init__(self, reading: ShardReading, counters: DamageCounters | None = None, max_empty: int | None = None):
+        self.reading, self.counters, self.max_empty = reading, counters, max_empty
+        self.empty = 0  # shards in a row that held no sample
+
+    def broken(self, shard: Shard, error: BrokenShard | DigestMismatch, count: int) -> None:
+        """`shard` broke after `count` samples: remember a digest mismatch, then fail, or count and warn."""
+        url, expected = shard.url, shard.expected
+        if isinstance(error, DigestMismatch) and shard.sha256:
+            _mismatched.add(url)
+        if self.reading.on_broken == BrokenShardPolicy.FAIL:
+            raise ImagenetTrainError(f"{url}: broken shard ({error}; --on-broken-shard fail)") from None
+        lost = max(0, expected.samples - count) if expected else 0
+        if self.counters:
+            self.counters.add(DamageCounters.BROKEN)
+            self.counters.add(DamageCounters.LOST, lost)
+        if isinstance(error, DigestMismatch) and count:
+            _warn_once(
+                url,
+                "broken shard %s: %s; its %d samples were ALREADY USED (the mismatch shows only at the "
+                "shard's end; --cache-dir checks every shard before use), lost %d",
+                error,
+                count,
+                lost,
+            )
+        else:
+            _warn_once(
+                url, "broken shard %s: %s; kept %d samples, lost %s", error, count, lost if expected else "unknown"
+            )
+
+    def done(self, shard: Shard, count: int) -> None:
+        """`shard` gave `count` samples: raise when it ends a run of `max_empty` shards without any."""
+        self.empty = 0 if count else self.empty + 1
+        if self.max_empty is not None and self.empty >= self.max_empty:
+            raise ImagenetTrainError(f"{shard.url}: {self.empty} shards in a row held no samples; check the shard list")
+
+
+def shards_of(urls: Iterable[str], reading: ShardReading) -> Iterator[Shard]:
+    """Each url with what its index expects of it (its sha256 only when verifying)."""
+    for url in urls:
+        yield Shard(url, reading.expected.get(url), reading.checksum(url))
+
+
+def opened(shards: Iterable[Shard], reading: ShardReading, outcomes: ShardOutcomes) -> Iterator[Shard]:
+    """URL opener: each shard with its bytes, from the cache (checked before use) or from its url, closed when
+    the next one is asked for. A shard that failed its sha256 check before in this process is not read again."""
+    for shard in shards:
+        try:
+            if shard.sha256 and shard.url in _mismatched:
+                raise DigestMismatch("did not match its index's sha256 when read before; not read again")
+            stream = reading.open(shard.url)
+        except DigestMismatch as error:
+            outcomes.broken(shard, error, 0)
+            outcomes.done(shard, 0)
+            continue
+        with stream:
+            yield replace(shard, stream=stream)
+
+
+def size_checked(shards: Iterable[Shard]) -> Iterator[Shard]:
+    """Warn once about a shard whose size differs from the one its index records (its sha256 check fails it)."""
+    for shard in shards:
+        size = storage.stream_size(shard.stream)
+        expected = shard.expected
+        if expected and expected.filesize and size is not None and size != expected.filesize:
+            _warn_once(shard.url, "shard %s is %d bytes; the index says %d", size, expected.filesize)
+        yield shard
+
+
+def hashed(shards: Iterable[Shard], reading: ShardReading) -> Iterator[Shard]:
+    """Each shard the cache did not check, read through a VerifyingReader that hashes its bytes on the way
+    (the tar expander checks the digest at the shard's end)."""
+    for shard in shards:
+        if shard.sha256 and not reading.cached(shard.url):
+            size = shard.expected.filesize if shard.expected else None
+            verifier = VerifyingReader(shard.stream, shard.sha256, size)
+            shard = replace(shard, stream=verifier, verifier=verifier)
+        yield shard
+
+
+def expanded(shards: Iterable[Shard], outcomes: ShardOutcomes) -> Iterator[dict]:
+    """Tar expander: the samples of each shard in turn. A broken shard keeps the samples before the damage and
+    goes to `outcomes`, as does a digest mismatch found at its end, after its samples."""
+    for shard in shards:
+        count = 0
+        try:
+            for sample in samples_in_tar(shard.stream, shard.url):
+                count += 1
+                yield sample
+            if shard.verifier:
+                shard.verifier.finish()
+        except (BrokenShard, DigestMismatch) as error:
+            outcomes.broken(shard, error, count)
+        outcomes.done(shard, count)
+
+
 def read_shards(
     urls: Iterable[str],
     reading: ShardReading = ShardReading(),
@@ -149,55 +263,13 @@ def read_shards(
     """Samples of each shard in turn. An outage is waited out (`reading.io_timeout`); a broken shard keeps the
     samples before the damage and, unless `reading.on_broken` is "fail", the stream goes on with the next one.
 
-    `max_empty` bounds how many shards in a row may yield nothing, so an endless resampled stream over
-    unusable shards fails instead of spinning forever.
+    The stages: url opener (through the cache), size check, hashing reader, tar expander; `max_empty` bounds
+    how many shards in a row may yield nothing (ShardOutcomes).
     """
-    empty = 0
-    for url in urls:
-        expected = reading.expected.get(url)
-        sha256 = reading.checksum(url)
-        count = 0
-        try:
-            if sha256 and url in _mismatched:
-                raise DigestMismatch("did not match its index's sha256 when read before; not read again")
-            with reading.open(url) as stream:
-                size = storage.stream_size(stream)
-                if expected and expected.filesize and size is not None and size != expected.filesize:
-                    _warn_once(url, "shard %s is %d bytes; the index says %d", size, expected.filesize)
-                # A cached shard was checked before it was opened; any other is hashed while it is read.
-                verifying = None
-                if sha256 and not reading.cached(url):
-                    verifying = VerifyingReader(stream, sha256, expected.filesize if expected else None)
-                for sample in samples_in_tar(verifying or stream, url):
-                    count += 1
-                    yield sample
-                if verifying:
-                    verifying.finish()
-        except (BrokenShard, DigestMismatch) as error:
-            if isinstance(error, DigestMismatch) and sha256:
-                _mismatched.add(url)
-            if reading.on_broken == BrokenShardPolicy.FAIL:
-                raise ImagenetTrainError(f"{url}: broken shard ({error}; --on-broken-shard fail)") from None
-            lost = max(0, expected.samples - count) if expected else 0
-            if counters:
-                counters.add(DamageCounters.BROKEN)
-                counters.add(DamageCounters.LOST, lost)
-            if isinstance(error, DigestMismatch) and count:
-                _warn_once(
-                    url,
-                    "broken shard %s: %s; its %d samples were ALREADY USED (the mismatch shows only at the "
-                    "shard's end; --cache-dir checks every shard before use), lost %d",
-                    error,
-                    count,
-                    lost,
-                )
-            else:
-                _warn_once(
-                    url, "broken shard %s: %s; kept %d samples, lost %s", error, count, lost if expected else "unknown"
-                )
-        empty = 0 if count else empty + 1
-        if max_empty is not None and empty >= max_empty:
-            raise ImagenetTrainError(f"{url}: {empty} shards in a row held no samples; check the shard list")
+    outcomes = ShardOutcomes(reading, counters, max_empty)
+    shards = hashed(size_checked(opened(shards_of(urls, reading), reading, outcomes)), reading)
+    with closing(shards):  # the open shard is closed at once when the stream ends, fails or is dropped
+        yield from expanded(shards, outcomes)
 
 
 def shuffled(items: Iterable, buffer: int, rng: random.Random) -> Iterator:

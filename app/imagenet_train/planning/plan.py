@@ -99,15 +99,6 @@ def resampled_epoch_batches(total_samples: int, batch_size: int, world_size: int
     return batches
 
 
-def lr_at(step: int, total_steps: int, warmup_steps: int, base_lr: float, final_lr: float = 0.0) -> float:
-    """Learning rate at a global step: linear warmup from ~0, then cosine decay to `final_lr`."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return base_lr * (step + 1) / warmup_steps
-    span = max(1, total_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / span)
-    return final_lr + 0.5 * (base_lr - final_lr) * (1 + math.cos(math.pi * progress))
-
-
 @dataclass(frozen=True)
 class Setup:
     """A launch configuration to check before any GPU is spent."""
@@ -226,53 +217,75 @@ def assess(setup: Setup) -> Assessment:
     if not setup.shard_sizes:
         raise ImagenetTrainError("plan: no shards")
     ranks = rank_plans(setup)
-    total = sum(setup.shard_sizes)
-    counts = [r.batches for r in ranks]
-    notes: list[str] = []
-    (level, reason), fix = (Verdict.OK, ""), ""
     if setup.mode is Mode.RESAMPLED:
-        consumed = counts[0] * setup.batch_size * setup.world
-        dropped, duplicated = max(0, total - consumed), max(0, consumed - total)
-        if counts[0] == 0:
-            level = Verdict.HANG
-            reason = f"{total} samples cannot fill one batch of {setup.batch_size} on {setup.world} ranks"
-            fix = "lower --batch-size or set --epoch-batches"
-        elif consumed > total:
-            level = Verdict.WARN
-            reason = f"an epoch draws {consumed} samples from {total}: {consumed - total} repeats per epoch"
-            fix = f"--epoch-batches {total // (setup.batch_size * setup.world)} for one pass over the data"
-        else:
-            notes.append(
-                "resampled: shards are drawn with replacement, so some samples repeat and others wait "
-                "for a later epoch; every rank gets exactly the same number of batches"
-            )
-        return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, level, reason, tuple(notes), fix)
+        return _assess_resampled(setup, ranks)
     if setup.mode is Mode.QUEUE:
-        notes.append(
-            "queue: shards are handed out at run time, so a rank's batches follow its speed; the "
-            "counts above are even shares, every sample is read once"
-        )
-        if not setup.join and setup.world > 1:
-            level, reason = Verdict.HANG, "queue mode gives ranks different batch counts and the step has no Join"
-            fix = "run the step under Join (imagenet-train does) or use --mode resampled"
-        elif len(setup.shard_sizes) < setup.world * max(setup.workers, 1):
-            level = Verdict.WARN
-            reason = (
-                f"{len(setup.shard_sizes)} shards for {setup.world * max(setup.workers, 1)} workers: "
-                "some workers never get a shard"
-            )
-            fix = "more, smaller shards (lower --maxcount)"
-        return Assessment(setup, tuple(ranks), total, 0, 0, level, reason, tuple(notes), fix)
-    idle_ranks = [r.rank for r in ranks if not r.shards]
-    idle_workers = [(r.rank, setup.workers - r.workers) for r in ranks if r.shards and r.workers < setup.workers]
-    if idle_workers:
-        rank, idle = idle_workers[0]
-        notes.append(
-            f"{len(idle_workers)} ranks have fewer shards than --workers (rank {rank}: {idle} idle); "
-            "the loader starts only as many workers as shards"
-        )
+        return _assess_queue(setup, ranks)
+    notes = _idle_worker_notes(setup, ranks)
     if setup.epoch_batches:
-        return _assess_cut_split(setup, ranks, total, notes)
+        return _assess_cut_split(setup, ranks, sum(setup.shard_sizes), notes)
+    return _assess_split(setup, ranks, notes)
+
+
+def _assess_resampled(setup: Setup, ranks: list[RankPlan]) -> Assessment:
+    """Resampled mode: equal batches on every rank; does an epoch fill a batch, and does it draw repeats?"""
+    total, batches = sum(setup.shard_sizes), ranks[0].batches
+    consumed = batches * setup.batch_size * setup.world
+    dropped, duplicated = max(0, total - consumed), max(0, consumed - total)
+    notes: tuple[str, ...] = ()
+    (level, reason), fix = (Verdict.OK, ""), ""
+    if batches == 0:
+        level = Verdict.HANG
+        reason = f"{total} samples cannot fill one batch of {setup.batch_size} on {setup.world} ranks"
+        fix = "lower --batch-size or set --epoch-batches"
+    elif consumed > total:
+        level = Verdict.WARN
+        reason = f"an epoch draws {consumed} samples from {total}: {consumed - total} repeats per epoch"
+        fix = f"--epoch-batches {total // (setup.batch_size * setup.world)} for one pass over the data"
+    else:
+        notes = (
+            "resampled: shards are drawn with replacement, so some samples repeat and others wait "
+            "for a later epoch; every rank gets exactly the same number of batches",
+        )
+    return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, level, reason, notes, fix)
+
+
+def _assess_queue(setup: Setup, ranks: list[RankPlan]) -> Assessment:
+    """Queue mode: batches follow each rank's speed; is there a Join, and a shard for every worker?"""
+    notes = (
+        "queue: shards are handed out at run time, so a rank's batches follow its speed; the "
+        "counts above are even shares, every sample is read once",
+    )
+    (level, reason), fix = (Verdict.OK, ""), ""
+    workers = setup.world * max(setup.workers, 1)
+    if not setup.join and setup.world > 1:
+        level, reason = Verdict.HANG, "queue mode gives ranks different batch counts and the step has no Join"
+        fix = "run the step under Join (imagenet-train does) or use --mode resampled"
+    elif len(setup.shard_sizes) < workers:
+        level = Verdict.WARN
+        reason = f"{len(setup.shard_sizes)} shards for {workers} workers: some workers never get a shard"
+        fix = "more, smaller shards (lower --maxcount)"
+    total = sum(setup.shard_sizes)
+    return Assessment(setup, tuple(ranks), total, 0, 0, level, reason, notes, fix)
+
+
+def _idle_worker_notes(setup: Setup, ranks: list[RankPlan]) -> list[str]:
+    """Split mode: a note when some ranks have fewer shards than --workers (the loader starts fewer)."""
+    idle_workers = [(r.rank, setup.workers - r.workers) for r in ranks if r.shards and r.workers < setup.workers]
+    if not idle_workers:
+        return []
+    rank, idle = idle_workers[0]
+    return [
+        f"{len(idle_workers)} ranks have fewer shards than --workers (rank {rank}: {idle} idle); "
+        "the loader starts only as many workers as shards"
+    ]
+
+
+def _assess_split(setup: Setup, ranks: list[RankPlan], notes: list[str]) -> Assessment:
+    """Split mode, every shard once: do the ranks get different batch counts, and is there a Join?"""
+    counts = [r.batches for r in ranks]
+    idle_ranks = [r.rank for r in ranks if not r.shards]
+    (level, reason), fix = (Verdict.OK, ""), ""
     if len(set(counts)) > 1 and not setup.join:
         level = Verdict.HANG
         reason = (
@@ -296,6 +309,7 @@ def assess(setup: Setup) -> Assessment:
             f"ranks get {min(counts)}..{max(counts)} batches; Join shadows {waste} steps of the ranks that finish first"
         )
         fix = "shards that divide evenly over ranks x workers, or --mode resampled"
+    total = sum(setup.shard_sizes)
     return Assessment(setup, tuple(ranks), total, 0, 0, level, reason, tuple(notes), fix)
 
 
