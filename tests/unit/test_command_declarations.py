@@ -157,3 +157,14 @@ def test_a_declared_dataclass_refuses_bad_values_with_the_shared_message(argv, m
         example_parser().parse_args(argv)
     assert leave.value.code == 2
     assert err.getvalue() == f"imagenet-train: error: {message}\n"
+
+
+def test_a_stale_commands_page_is_reported_and_regenerated_with_every_command(tmp_path, monkeypatch):
+    from chartkit import schema
+
+    page = tmp_path / "commands.md"
+    current = schema.COMMANDS_PAGE.read_text()
+    page.write_text("\n".join(line for line in current.splitlines() if "`--maxcount`" not in line) + "\n")
+    monkeypatch.setattr(schema, "COMMANDS_PAGE", page)
+    assert (tmp_path / "commands.md", current) in schema.generated()
+    assert page.read_text() != current
