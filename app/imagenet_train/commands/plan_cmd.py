@@ -6,10 +6,15 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from imagenet_train.commands import Command, training
 from imagenet_train.declarations import option
 from imagenet_train.errors import ImagenetTrainError, clip
+
+if TYPE_CHECKING:
+    from imagenet_train.loading.simulate import SimulatedRank
+    from imagenet_train.planning import plan
 
 ADVICE = "for the large-batch advice: "
 SIMULATE = "with --simulate: "
@@ -111,6 +116,22 @@ def _plan_setup(args: argparse.Namespace) -> None:
     args.setup = (setup, urls)
 
 
+def _mismatches(setup: plan.Setup, assessment: plan.Assessment, simulated: list[SimulatedRank] | None) -> list[str]:
+    """Where the real loaders disagreed with the plan (nothing without --simulate)."""
+    from imagenet_train.planning import plan
+
+    if setup.mode is plan.Mode.QUEUE:  # per-rank shares are dynamic: check that every sample was read once
+        got = sum(s.samples for s in simulated or [])
+        if simulated and got != sum(setup.shard_sizes):
+            return [f"the queue gave {got} samples of {sum(setup.shard_sizes)}"]
+        return []
+    return [
+        f"rank {s.rank}: planned {r.batches} batches, loader gave {s.batches}"
+        for r, s in zip(assessment.ranks, simulated or [], strict=False)
+        if r.batches != s.batches
+    ]
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan and its verdict (checked against the real loaders with --simulate); 1 on a hang or mismatch."""
     from imagenet_train.planning import plan
@@ -126,19 +147,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from imagenet_train.loading.simulate import simulate
 
         simulated = simulate(urls, setup, args.expected)
-    if setup.mode is plan.Mode.QUEUE:  # per-rank shares are dynamic: check that every sample was read once
-        got = sum(s.samples for s in simulated or [])
-        mismatches = (
-            [f"the queue gave {got} samples of {sum(setup.shard_sizes)}"]
-            if simulated and got != sum(setup.shard_sizes)
-            else []
-        )
-    else:
-        mismatches = [
-            f"rank {s.rank}: planned {r.batches} batches, loader gave {s.batches}"
-            for r, s in zip(assessment.ranks, simulated or [], strict=False)
-            if r.batches != s.batches
-        ]
+    mismatches = _mismatches(setup, assessment, simulated)
     if args.json:
         document = dataclasses.asdict(assessment)
         document["advice"] = [advice] if advice else []
