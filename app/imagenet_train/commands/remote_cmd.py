@@ -1,4 +1,4 @@
-"""The `ssh`, `ssh-node` and `slurm` commands: their options, checks and hand-off to ssh_launch/ssh_node/slurm."""
+"""The `ssh`, `ssh-node` and `slurm` commands: their options, checks and hand-off to launchers/ssh, ssh_node, slurm."""
 
 from __future__ import annotations
 
