@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Regenerate what the declarations generate: the chart's values.schema.json (from the annotations in
 helm/imagenet-train/values.yaml, its `train` part from app/imagenet_train/config.py), the settings table of
-docs/settings.md and the chart values table of docs/chart-values.md. `--check` fails (exit 1) when any is
-stale; tests run it. Why values.yaml is the chart's source: tools/chartkit/chart_schema.py."""
+docs/settings.md, the chart values table of docs/chart-values.md and the commands' tables of docs/commands.md
+(from each command's options dataclass). `--check` fails (exit 1) when any is stale; tests run it. Why
+values.yaml is the chart's source: tools/chartkit/chart_schema.py."""
 
 from __future__ import annotations
 

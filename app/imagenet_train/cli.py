@@ -9,6 +9,7 @@ import sys
 from imagenet_train import waiting
 from imagenet_train.commands import (
     Parser,
+    add_command,
     bucket_cmd,
     evaluate_cmd,
     launch_cmd,
@@ -22,9 +23,21 @@ from imagenet_train.commands.train_cmd import train_config  # noqa: F401 (its ol
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted, one_line
 from imagenet_train.launchers.launcher_death import die_with_launcher
 
+# Every command, in the order `imagenet-train --help` lists them; each module declares its own.
+COMMANDS = (
+    *shards_cmd.COMMANDS,  # shards, summarize, demo-data, fashion-mnist
+    *serve_cmd.COMMANDS,  # serve, probe
+    *train_cmd.COMMANDS,  # train
+    *evaluate_cmd.COMMANDS,  # evaluate
+    *plan_cmd.COMMANDS,  # plan
+    *bucket_cmd.COMMANDS,  # upload, sync, fill
+    *launch_cmd.COMMANDS,  # launch, ray, report
+    *remote_cmd.COMMANDS,  # ssh, ssh-node, slurm
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `imagenet-train` parser: one subcommand per command, each added by its module in commands/."""
+    """The `imagenet-train` parser: one subcommand per declared command, its arguments generated."""
     formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = Parser(
         prog="imagenet-train",
@@ -32,14 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="ImageNet to WebDataset shards to multinode DDP training.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
-    shards_cmd.add_commands(commands, formatter)  # shards, summarize, demo-data
-    serve_cmd.add_commands(commands, formatter)  # serve, probe
-    train_cmd.add_commands(commands, formatter)  # train
-    evaluate_cmd.add_commands(commands, formatter)  # evaluate
-    plan_cmd.add_commands(commands, formatter)  # plan
-    bucket_cmd.add_commands(commands, formatter)  # upload, sync, fill
-    launch_cmd.add_commands(commands, formatter)  # launch, ray, report
-    remote_cmd.add_commands(commands, formatter)  # ssh, ssh-node, slurm
+    for command in COMMANDS:
+        add_command(commands, command, formatter)
     return parser
 
 

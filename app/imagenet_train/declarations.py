@@ -2,7 +2,8 @@
 
 A dataclass field declared with `setting(...)` becomes a command-line flag (cli.py), is range-checked
 with the same one-line message wherever a value comes from (flags, a config file, code), and documents
-itself. Command options that are not training settings use the same converters (`number`, `choice`).
+itself. A command's own options (not training settings) are declared the same way with `option(...)` and
+`positional(...)` in a dataclass per command; `add_options` builds that command's parser from it.
 """
 
 from __future__ import annotations
@@ -169,6 +170,108 @@ def add_flag(
             metavar=declaration.name.upper(),
             **options,
         )
+
+
+@dataclass(frozen=True)
+class Option:
+    """How a command's own option (not a training setting) is given: its flag or place, type, bounds and help."""
+
+    help: str
+    flags: tuple[str, ...] = ()  # default: the field's name as a flag (--dry-run)
+    positional: bool = False
+    kind: type | None = None  # when the default does not say (None): int, float, str, bool
+    minimum: float | None = None  # inclusive
+    above: float | None = None  # exclusive lower bound
+    maximum: float | None = None  # inclusive
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    required: bool = False
+    nonempty: bool = False  # text that must not be empty
+    many: bool = False  # repeatable, each use appended to a list
+    negatable: bool = False  # --x and --no-x (a bool default False is otherwise a plain --x switch)
+    optional: bool = False  # a positional that may be left out (its default then)
+    rest: bool = False  # a positional taking the rest of the command line
+    parse: Callable[[str], Any] | None = None  # an argparse `type=` of its own (a format no rule describes)
+
+    def value_kind(self, default: Any) -> type:
+        """The type of the option's value: declared, else the default's, else text."""
+        return self.kind or (str if default is None or isinstance(default, list) else type(default))
+
+
+def option(default: Any, help: str, **rules: Any) -> Any:
+    """A dataclass field that is a command's flag (rules: see Option; choices: a str Enum or words)."""
+    choices = rules.get("choices")
+    if isinstance(choices, type) and issubclass(choices, Enum):
+        rules["choices"] = tuple(member.value for member in choices)
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"option": Option(help, **rules)})
+    return field(default=default, metadata={"option": Option(help, **rules)})
+
+
+def positional(help: str, default: Any = None, **rules: Any) -> Any:
+    """A dataclass field that is a command's positional argument (text that must not be empty unless `nonempty`)."""
+    return option(default, help, **{"positional": True, "nonempty": True, **rules})
+
+
+def field_default(declaration: dataclasses.Field) -> Any:
+    """A field's default, from its default_factory when it has one."""
+    if declaration.default_factory is not dataclasses.MISSING:
+        return declaration.default_factory()
+    return declaration.default
+
+
+def _option_type(kind: type, rule: Option) -> Callable[[str], Any] | None:
+    """The argparse `type=` that parses and checks an option's value with the shared one-line messages."""
+    if rule.parse:
+        return rule.parse
+    if rule.choices:
+        return choice(*rule.choices)
+    if kind in (int, float):
+        return number(kind, rule.minimum, rule.maximum, rule.above)
+    return text if rule.nonempty else None
+
+
+def add_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, declaration: dataclasses.Field) -> None:
+    """The argument of a declared command option: its flag, action, type, bounds and help from the declaration."""
+    rule: Option = declaration.metadata["option"]
+    default = field_default(declaration)
+    kind = rule.value_kind(default)
+    options: dict[str, Any] = {"help": rule.help}
+    if rule.positional:
+        names = [declaration.name]
+        if rule.rest:
+            options["nargs"] = argparse.REMAINDER
+        elif rule.optional:
+            options.update(nargs="?", default=default)
+    else:
+        names = list(rule.flags or (flag(declaration.name),))
+        options.update(dest=declaration.name, default=default)
+        if rule.required:
+            options["required"] = True
+    if kind is bool:
+        options["action"] = argparse.BooleanOptionalAction if rule.negatable else "store_true"
+    else:
+        if rule.many:
+            options["action"] = "append"
+        convert = _option_type(kind, rule)
+        if convert:
+            options["type"] = convert
+    if rule.metavar:
+        options["metavar"] = rule.metavar
+    parser.add_argument(*names, **options)
+
+
+def add_options(parser: argparse.ArgumentParser, options_class: type) -> None:
+    """Every argument of a command, in declaration order, from its options dataclass.
+
+    A field declared with `option`/`positional` is the command's own; one carrying a training Setting is that
+    setting's flag as `train` declares it (metadata `given_only`, `context`: see add_flag)."""
+    for declaration in dataclasses.fields(options_class):
+        if "option" in declaration.metadata:
+            add_option(parser, declaration)
+        else:
+            metadata = declaration.metadata
+            add_flag(parser, declaration, metadata["setting"], metadata["given_only"], metadata["context"])
 
 
 def json_schema(sections: tuple[Any, ...], exclude: frozenset[str] = frozenset()) -> dict:

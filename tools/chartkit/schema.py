@@ -1,6 +1,7 @@
 """What tools/generate.py writes: values.schema.json (from values.yaml's annotations, its `train` part from
-the training settings' declarations), the settings table of docs/settings.md and the chart values table of
-docs/chart-values.md. Each is compared with the file on disk by `generate.py --check`."""
+the training settings' declarations), the settings table of docs/settings.md, the chart values table of
+docs/chart-values.md and the commands' tables of docs/commands.md. Each is compared with the file on disk by
+`generate.py --check`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from imagenet_train.deployment import OWNED
 from . import CHART_DIR, ROOT
 from .annotations import read_source
 from .chart_schema import build, schema_text, values_table
+from .commands_page import COMMANDS_MARKERS, COMMANDS_PAGE, commands_reference
 from .formats import NO_CONTROL, Format
 
 SCHEMA = CHART_DIR / "values.schema.json"
@@ -84,6 +86,16 @@ def values_page_text(values: Path | None = None) -> str:
     return _between(VALUES_PAGE, VALUES_MARKERS, values_table(_chart(values or VALUES)[1]))
 
 
+def commands_page_text() -> str:
+    """docs/commands.md with every command's generated table between its markers."""
+    return _between(COMMANDS_PAGE, COMMANDS_MARKERS, commands_reference())
+
+
 def generated() -> list[tuple[Path, str]]:
     """Every generated file and the text it should hold."""
-    return [(SCHEMA, chart_schema_text()), (SETTINGS_PAGE, settings_page_text()), (VALUES_PAGE, values_page_text())]
+    return [
+        (SCHEMA, chart_schema_text()),
+        (SETTINGS_PAGE, settings_page_text()),
+        (VALUES_PAGE, values_page_text()),
+        (COMMANDS_PAGE, commands_page_text()),
+    ]

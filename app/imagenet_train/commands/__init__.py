@@ -1,13 +1,17 @@
 """The CLI's commands by concern: their options, checks and hand-off to the modules that do the work.
-Each module's `add_commands` adds its subcommands to `imagenet-train` (cli.py); `Parser` gives them all
-the one-line error format."""
+Each module's `COMMANDS` declares its subcommands (options as a dataclass, see declarations.py); cli.py adds
+them to `imagenet-train` with `add_command`; `Parser` gives them all the one-line error format."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-from typing import NoReturn
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
+from imagenet_train.declarations import add_flag, add_options
 from imagenet_train.errors import one_line
 
 
@@ -28,3 +32,51 @@ def deployment_file(path: str) -> dict:
     document = read_mapping(path, "--deployment")
     os.environ.update({**storage_env(document, document["name"]), **os.environ, **WRITABLE_ENV})
     return document
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name and help, its options dataclass, and what runs it.
+
+    settings: groups of training settings taken as `train` takes them, as (group title, setting names); their
+    flags default to absent, so a flag given can be told from one a `--config` file gives."""
+
+    name: str
+    help: str
+    options: type
+    run: Callable[[argparse.Namespace], int]
+    check: Callable[[argparse.Namespace], None] | None = None
+    description: str | None = None
+    settings: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+def training(name: str, context: str = "", given_only: bool = True) -> Any:
+    """A field of a command's options that is the training setting `name`'s flag, as `train` declares it.
+
+    given_only: the flag defaults to absent so the command can tell it was given (see declarations.add_flag);
+    `context` goes before its help ("with --simulate: ")."""
+    from imagenet_train.config import declaration
+
+    setting, rule = declaration(name)
+    metadata = {"setting": rule, "given_only": given_only, "context": context}
+    return dataclasses.field(default=setting.default, metadata=metadata)
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: Command) -> None:
+    """A command's arguments, all generated: its options dataclass, then its groups of training settings."""
+    from imagenet_train.config import declaration
+
+    add_options(parser, command.options)
+    for title, names in command.settings:
+        group = parser.add_argument_group(title)
+        for name in names:
+            add_flag(group, *declaration(name))
+    parser.set_defaults(func=command.run, **({"check": command.check} if command.check else {}))
+
+
+def add_command(commands: argparse._SubParsersAction, command: Command, formatter: type) -> None:
+    """Add `command` to the CLI's subcommands."""
+    parser = commands.add_parser(
+        command.name, formatter_class=formatter, help=command.help, description=command.description
+    )
+    add_arguments(parser, command)

@@ -3,10 +3,64 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from typing import Any
 
-from imagenet_train.commands import deployment_file
-from imagenet_train.declarations import number, text
+from imagenet_train.commands import Command, deployment_file
+from imagenet_train.declarations import option, positional
 from imagenet_train.io.resumable import IO_TIMEOUT
+
+BUCKET_URL = "gs://BUCKET/PREFIX"
+
+
+def _io_timeout() -> Any:
+    """--io-timeout as the bucket commands take it (train's own comes from its declaration)."""
+    return option(
+        IO_TIMEOUT,
+        "seconds to wait out a bucket outage before failing (default: %(default)g)",
+        kind=float,
+        minimum=0,
+        maximum=7 * 24 * 3600,
+    )
+
+
+def _workers() -> Any:
+    return option(8, "parallel transfers", minimum=1, maximum=256)
+
+
+def _dry_run() -> Any:
+    return option(False, "list what would be copied or skipped")
+
+
+@dataclass
+class UploadOptions:
+    """`imagenet-train upload DIRECTORY URL`."""
+
+    directory: str = positional("local directory, e.g. a run directory")
+    url: str = positional(BUCKET_URL)
+    workers: int = _workers()
+    dry_run: bool = _dry_run()
+    io_timeout: float = _io_timeout()
+
+
+@dataclass
+class SyncOptions:
+    """`imagenet-train sync URL DIRECTORY`."""
+
+    url: str = positional(BUCKET_URL)
+    directory: str = positional("local directory")
+    workers: int = _workers()
+    dry_run: bool = _dry_run()
+    io_timeout: float = _io_timeout()
+
+
+@dataclass
+class FillOptions:
+    """`imagenet-train fill --deployment FILE`: the chart's fill pod."""
+
+    deployment: str = option(None, "the chart's deployment.yaml", nonempty=True, required=True, metavar="FILE")
+    directory: str = option("/shards", "where the shard volume is mounted", nonempty=True)
+    io_timeout: float = _io_timeout()
 
 
 def _transfer(copies, copy, args: argparse.Namespace, verb: str, url: str) -> int:
@@ -65,44 +119,18 @@ def cmd_fill(args: argparse.Namespace) -> int:
     )
 
 
-def _add_io_timeout(parser: argparse.ArgumentParser, seconds) -> None:
-    """--io-timeout as the bucket commands take it (train's own comes from its declaration)."""
-    parser.add_argument(
-        "--io-timeout",
-        type=seconds,
-        default=IO_TIMEOUT,
-        help="seconds to wait out a bucket outage before failing (default: %(default)g)",
-    )
-
-
-def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
-    """Add the bucket commands to the CLI."""
-    seconds = number(float, 0, 7 * 24 * 3600)
-    upload = commands.add_parser(
+COMMANDS = (
+    Command(
         "upload",
-        formatter_class=formatter,
-        help="copy a run directory (or any directory) to gs://, skipping identical files",
-    )
-    upload.add_argument("directory", type=text, help="local directory, e.g. a run directory")
-    upload.add_argument("url", type=text, help="gs://BUCKET/PREFIX")
-    sync = commands.add_parser(
-        "sync",
-        formatter_class=formatter,
-        help="copy a gs:// prefix to a directory (e.g. to fill a shard-server volume)",
-    )
-    sync.add_argument("url", type=text, help="gs://BUCKET/PREFIX")
-    sync.add_argument("directory", type=text, help="local directory")
-    for transfer, func in ((upload, cmd_upload), (sync, cmd_sync)):
-        transfer.add_argument("--workers", type=number(int, 1, 256), default=8, help="parallel transfers")
-        transfer.add_argument("--dry-run", action="store_true", help="list what would be copied or skipped")
-        _add_io_timeout(transfer, seconds)
-        transfer.set_defaults(func=func)
-    fill = commands.add_parser(
+        "copy a run directory (or any directory) to gs://, skipping identical files",
+        UploadOptions,
+        cmd_upload,
+    ),
+    Command("sync", "copy a gs:// prefix to a directory (e.g. to fill a shard-server volume)", SyncOptions, cmd_sync),
+    Command(
         "fill",
-        formatter_class=formatter,
-        help="the chart's fill pod: sync shards.nginx.fill.from onto the shard volume at /shards",
-    )
-    fill.add_argument("--deployment", type=text, required=True, metavar="FILE", help="the chart's deployment.yaml")
-    fill.add_argument("--directory", type=text, default="/shards", help="where the shard volume is mounted")
-    _add_io_timeout(fill, seconds)
-    fill.set_defaults(func=cmd_fill)
+        "the chart's fill pod: sync shards.nginx.fill.from onto the shard volume at /shards",
+        FillOptions,
+        cmd_fill,
+    ),
+)

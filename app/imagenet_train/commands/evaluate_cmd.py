@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from imagenet_train.commands import Parser
+from imagenet_train.commands import Command
 from imagenet_train.config import declaration
-from imagenet_train.declarations import add_flag
+from imagenet_train.declarations import option, positional
 
 # The training settings evaluate takes, with their flags as `train` declares them: where the val shards are
 # and how they are read and cropped, and the model they feed.
@@ -39,6 +40,21 @@ SETTINGS = (
     "val_tta",
     "run_dir",
 )
+
+
+@dataclass
+class EvaluateOptions:
+    """`imagenet-train evaluate FILE`; the training settings it takes follow (SETTINGS)."""
+
+    weights: str = positional("a checkpoint, RUN_DIR/final.pt, or a model state dict", metavar="FILE", nonempty=False)
+    ema: bool = option(False, "score the EMA weights a --model-ema checkpoint holds")
+    out: str = option("", "JSON report file ('-': stdout; empty: RUN_DIR/eval.json)", metavar="FILE")
+    config_file: str = option(
+        "",
+        "settings file, or a run's config.json to read the val shards as that run did; flags override it",
+        flags=("--config",),
+        metavar="FILE",
+    )
 
 
 def _config_from(args: argparse.Namespace):
@@ -98,27 +114,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
-    """Add `evaluate` to the CLI."""
-    parser: Parser = commands.add_parser(
+COMMANDS = (
+    Command(
         "evaluate",
-        formatter_class=formatter,
-        help="score a checkpoint or weights file on the val shards: top-1/top-5 and per-class accuracy as JSON "
+        "score a checkpoint or weights file on the val shards: top-1/top-5 and per-class accuracy as JSON "
         "(run under torchrun to split the val shards over ranks)",
-    )
-    parser.add_argument("weights", metavar="FILE", help="a checkpoint, RUN_DIR/final.pt, or a model state dict")
-    parser.add_argument("--ema", action="store_true", help="score the EMA weights a --model-ema checkpoint holds")
-    parser.add_argument(
-        "--out", default="", metavar="FILE", help="JSON report file ('-': stdout; empty: RUN_DIR/eval.json)"
-    )
-    parser.add_argument(
-        "--config",
-        dest="config_file",
-        default="",
-        metavar="FILE",
-        help="settings file, or a run's config.json to read the val shards as that run did; flags override it",
-    )
-    group = parser.add_argument_group("settings (as train takes them)")
-    for name in SETTINGS:
-        add_flag(group, *declaration(name))
-    parser.set_defaults(func=cmd_evaluate, check=_check)
+        EvaluateOptions,
+        cmd_evaluate,
+        check=_check,
+        settings=(("settings (as train takes them)", SETTINGS),),
+    ),
+)

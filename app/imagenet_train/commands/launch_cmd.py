@@ -4,11 +4,60 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 
-from imagenet_train.commands import deployment_file
-from imagenet_train.declarations import number, text
+from imagenet_train.commands import Command, deployment_file
+from imagenet_train.declarations import option, positional
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.launch import GRACE_PERIOD
+
+PROGRAM = "imagenet-train command and its options"
+
+
+@dataclass
+class LaunchOptions:
+    """`imagenet-train launch [OPTIONS] -- PROGRAM...`."""
+
+    nproc_per_node: int | None = option(
+        None, "processes per node (default: from the environment, else GPUs)", kind=int, minimum=1, maximum=1024
+    )
+    wait_for: str = option("", "first wait until this shard index and its first shard can be read", metavar="INDEX")
+    wait_timeout: float = option(1800, "seconds --wait-for keeps trying", kind=float, minimum=0, maximum=7 * 24 * 3600)
+    grace_period: float = option(
+        GRACE_PERIOD,
+        "seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL, "
+        "also when launch itself dies (give the pod a terminationGracePeriodSeconds a little longer)",
+        kind=float,
+        minimum=1,
+        maximum=3600,
+    )
+    deployment: str = option(
+        "",
+        "the chart's deployment.yaml (its ConfigMap): processes per node, the shards to wait for, the "
+        "launcher's environment and the shard and results places for `train`",
+        metavar="FILE",
+    )
+    dry_run: bool = option(False, "print the torchrun command and exit")
+    program: list[str] = positional(PROGRAM, rest=True, nonempty=False)
+
+
+@dataclass
+class RayOptions:
+    """`imagenet-train ray [OPTIONS] -- train ...`."""
+
+    address: str = option("", "Ray cluster address (default: RAY_ADDRESS, else a local one)")
+    workers: int = option(0, "workers, one rank each (0: one per GPU Ray sees)", minimum=0, maximum=100_000)
+    gpus: bool | None = option(None, "GPU workers (default: if Ray sees GPUs)", kind=bool, negatable=True)
+    max_failures: int = option(3, "restarts after a worker dies before giving up", minimum=0, maximum=1000)
+    cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each worker", minimum=0, maximum=4096)
+    program: list[str] = positional("`train` and its options", rest=True, nonempty=False)
+
+
+@dataclass
+class ReportOptions:
+    """`imagenet-train report RUN_DIR`."""
+
+    run_dir: str = positional("run directory (holds metrics.jsonl); plots go to RUN_DIR/report")
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -38,7 +87,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_ray(args: argparse.Namespace) -> int:
     """Train on a Ray cluster with Ray Train and print the last epoch's result."""
-    from imagenet_train.launchers.ray_train import RayOptions, run
+    from imagenet_train.launchers.ray_train import RayOptions as RayRun
+    from imagenet_train.launchers.ray_train import run
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if program[:1] != ["train"]:
@@ -46,7 +96,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
             "ray: expected the training command after the options, e.g. "
             "`imagenet-train ray --workers 2 -- train --shards URL`"
         )
-    options = RayOptions(args.address, args.workers, args.gpus, args.max_failures, args.cpus_per_worker)
+    options = RayRun(args.address, args.workers, args.gpus, args.max_failures, args.cpus_per_worker)
     from imagenet_train.commands.train_cmd import train_config
 
     last = run(train_config(program[1:]), options)
@@ -67,75 +117,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
-    """Add the commands that start or inspect runs to the CLI."""
-    seconds = number(float, 0, 7 * 24 * 3600)
-    launch = commands.add_parser(
+COMMANDS = (
+    Command(
         "launch",
-        formatter_class=formatter,
-        help="run torchrun with arguments taken from the launcher's environment (the image's entrypoint)",
+        "run torchrun with arguments taken from the launcher's environment (the image's entrypoint)",
+        LaunchOptions,
+        cmd_launch,
         description="Reads NGC, PyTorchJob, TrainJob, JobSet, Indexed Job or plain environments and runs "
         "`torchrun ... -m imagenet_train.cli PROGRAM...`, e.g. `imagenet-train launch -- train --shards URL`. "
         "SIGTERM and SIGUSR1 reach every rank as pre-emption: each finishes its step, rank 0 checkpoints, "
         "and launch exits with 128 + the signal's number.",
-    )
-    launch.add_argument(
-        "--nproc-per-node",
-        type=number(int, 1, 1024),
-        default=None,
-        help="processes per node (default: from the environment, else GPUs)",
-    )
-    launch.add_argument(
-        "--wait-for",
-        default="",
-        metavar="INDEX",
-        help="first wait until this shard index and its first shard can be read",
-    )
-    launch.add_argument("--wait-timeout", type=seconds, default=1800, help="seconds --wait-for keeps trying")
-    launch.add_argument(
-        "--grace-period",
-        type=number(float, 1, 3600),
-        default=GRACE_PERIOD,
-        help="seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL, "
-        "also when launch itself dies (give the pod a terminationGracePeriodSeconds a little longer)",
-    )
-    launch.add_argument(
-        "--deployment",
-        default="",
-        metavar="FILE",
-        help="the chart's deployment.yaml (its ConfigMap): processes per node, the shards to wait for, the "
-        "launcher's environment and the shard and results places for `train`",
-    )
-    launch.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
-    launch.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")
-    launch.set_defaults(func=cmd_launch)
-
-    ray = commands.add_parser(
+    ),
+    Command(
         "ray",
-        formatter_class=formatter,
-        help="train on a Ray cluster with Ray Train (needs imagenet-train[ray])",
+        "train on a Ray cluster with Ray Train (needs imagenet-train[ray])",
+        RayOptions,
+        cmd_ray,
         description="Runs `train` in N Ray Train workers, one rank each, in the process group Ray sets up; a "
         "worker that dies restarts the group from the newest checkpoint (as --resume latest), e.g. "
         "`imagenet-train ray --workers 2 -- train --shards URL --checkpoint-every 500`.",
-    )
-    ray.add_argument("--address", default="", help="Ray cluster address (default: RAY_ADDRESS, else a local one)")
-    ray.add_argument(
-        "--workers", type=number(int, 0, 100_000), default=0, help="workers, one rank each (0: one per GPU Ray sees)"
-    )
-    ray.add_argument(
-        "--gpus", action=argparse.BooleanOptionalAction, default=None, help="GPU workers (default: if Ray sees GPUs)"
-    )
-    ray.add_argument(
-        "--max-failures", type=number(int, 0, 1000), default=3, help="restarts after a worker dies before giving up"
-    )
-    ray.add_argument(
-        "--cpus-per-worker", type=number(float, 0, 4096), default=1.0, help="CPUs Ray reserves for each worker"
-    )
-    ray.add_argument("program", nargs=argparse.REMAINDER, help="`train` and its options")
-    ray.set_defaults(func=cmd_ray)
-
-    report = commands.add_parser(
-        "report", formatter_class=formatter, help="PNG plots and a summary table of a run (needs matplotlib)"
-    )
-    report.add_argument("run_dir", type=text, help="run directory (holds metrics.jsonl); plots go to RUN_DIR/report")
-    report.set_defaults(func=cmd_report)
+    ),
+    Command("report", "PNG plots and a summary table of a run (needs matplotlib)", ReportOptions, cmd_report),
+)

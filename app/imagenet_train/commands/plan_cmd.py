@@ -5,25 +5,56 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from imagenet_train.config import declaration
-from imagenet_train.declarations import add_flag, number
+from imagenet_train.commands import Command, training
+from imagenet_train.declarations import option
 from imagenet_train.errors import ImagenetTrainError, clip
 
+if TYPE_CHECKING:
+    from imagenet_train.loading.simulate import SimulatedRank
+    from imagenet_train.planning import plan
+
+ADVICE = "for the large-batch advice: "
+SIMULATE = "with --simulate: "
+
+
+@dataclass
+class PlanOptions:
+    """`imagenet-train plan`: training settings come from their declarations; the rest describe the launch."""
+
+    config_file: str = option(
+        "",
+        "YAML or JSON file of training settings, as `train --config` takes it (a recipe); flags given win",
+        flags=("--config",),
+    )
+    shards: str = training("shards")
+    trust_index: bool = training("trust_index")
+    shard_sizes: str = option("", "samples per shard, comma-separated (instead of an index)")
+    nshards: int = option(0, "number of shards (with --samples-per-shard)", minimum=0, maximum=10_000_000)
+    samples_per_shard: int = option(0, "samples in every shard", minimum=0, maximum=10_000_000)
+    nodes: int = option(1, "nodes", minimum=1, maximum=100_000)
+    gpus_per_node: int = option(1, "ranks per node", minimum=1, maximum=1024)
+    workers: int = training("workers")
+    batch_size: int = training("batch_size")
+    mode: str = training("mode")
+    epoch_batches: int = training("epoch_batches")
+    repeat: int = training("repeat")
+    join: bool = option(True, "split mode: the step runs under Join (imagenet-train train always does)", negatable=True)
+    seed: int = training("seed")
+    opt: str = training("opt", context=ADVICE)
+    warmup_epochs: float = training("warmup_epochs", context=ADVICE)
+    epoch: int = option(0, "which epoch's shard order to show", minimum=0, maximum=1_000_000)
+    show_workers: bool = option(False, "list the shards of every worker")
+    simulate: bool = option(False, "run the real loaders over the real shards")
+    show_open: bool = option(False, "with --simulate: shards each worker opened")
+    verify_shards: bool = training("verify_shards", context=SIMULATE)
+    json: bool = option(False, "machine-readable output")
+
+
 # The training settings plan takes: flags given win over --config FILE, which wins over the declared defaults.
-PLAN_SETTINGS = (
-    "shards",
-    "trust_index",
-    "workers",
-    "batch_size",
-    "mode",
-    "epoch_batches",
-    "repeat",
-    "seed",
-    "opt",
-    "warmup_epochs",
-    "verify_shards",
-)
+PLAN_SETTINGS = tuple(f.name for f in dataclasses.fields(PlanOptions) if "setting" in f.metadata)
 
 
 def _settings(args: argparse.Namespace) -> None:
@@ -85,6 +116,22 @@ def _plan_setup(args: argparse.Namespace) -> None:
     args.setup = (setup, urls)
 
 
+def _mismatches(setup: plan.Setup, assessment: plan.Assessment, simulated: list[SimulatedRank] | None) -> list[str]:
+    """Where the real loaders disagreed with the plan (nothing without --simulate)."""
+    from imagenet_train.planning import plan
+
+    if setup.mode is plan.Mode.QUEUE:  # per-rank shares are dynamic: check that every sample was read once
+        got = sum(s.samples for s in simulated or [])
+        if simulated and got != sum(setup.shard_sizes):
+            return [f"the queue gave {got} samples of {sum(setup.shard_sizes)}"]
+        return []
+    return [
+        f"rank {s.rank}: planned {r.batches} batches, loader gave {s.batches}"
+        for r, s in zip(assessment.ranks, simulated or [], strict=False)
+        if r.batches != s.batches
+    ]
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan and its verdict (checked against the real loaders with --simulate); 1 on a hang or mismatch."""
     from imagenet_train.planning import plan
@@ -100,19 +147,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from imagenet_train.loading.simulate import simulate
 
         simulated = simulate(urls, setup, args.expected)
-    if setup.mode is plan.Mode.QUEUE:  # per-rank shares are dynamic: check that every sample was read once
-        got = sum(s.samples for s in simulated or [])
-        mismatches = (
-            [f"the queue gave {got} samples of {sum(setup.shard_sizes)}"]
-            if simulated and got != sum(setup.shard_sizes)
-            else []
-        )
-    else:
-        mismatches = [
-            f"rank {s.rank}: planned {r.batches} batches, loader gave {s.batches}"
-            for r, s in zip(assessment.ranks, simulated or [], strict=False)
-            if r.batches != s.batches
-        ]
+    mismatches = _mismatches(setup, assessment, simulated)
     if args.json:
         document = dataclasses.asdict(assessment)
         document["advice"] = [advice] if advice else []
@@ -139,51 +174,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 1 if assessment.hangs or mismatches else 0
 
 
-def _add_setting(parser: argparse.ArgumentParser, name: str, context: str = "") -> None:
-    """A training setting's flag as `train` takes it (type, range, help and default from config.py)."""
-    add_flag(parser, *declaration(name), context=context)
-
-
-def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
-    """Add the plan command to the CLI."""
-    planner = commands.add_parser(
+COMMANDS = (
+    Command(
         "plan",
-        formatter_class=formatter,
-        help="show how shards split over nodes x GPUs x workers and whether every rank gets the same batches",
-    )
-    # Training settings come from their declarations; the rest describe the launch being planned.
-    planner.add_argument(
-        "--config",
-        dest="config_file",
-        default="",
-        help="YAML or JSON file of training settings, as `train --config` takes it (a recipe); flags given win",
-    )
-    _add_setting(planner, "shards")
-    _add_setting(planner, "trust_index")
-    planner.add_argument("--shard-sizes", default="", help="samples per shard, comma-separated (instead of an index)")
-    planner.add_argument(
-        "--nshards", type=number(int, 0, 10_000_000), default=0, help="number of shards (with --samples-per-shard)"
-    )
-    planner.add_argument(
-        "--samples-per-shard", type=number(int, 0, 10_000_000), default=0, help="samples in every shard"
-    )
-    planner.add_argument("--nodes", type=number(int, 1, 100_000), default=1, help="nodes")
-    planner.add_argument("--gpus-per-node", type=number(int, 1, 1024), default=1, help="ranks per node")
-    for name in ("workers", "batch_size", "mode", "epoch_batches", "repeat"):
-        _add_setting(planner, name)
-    planner.add_argument(
-        "--join",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="split mode: the step runs under Join (imagenet-train train always does)",
-    )
-    _add_setting(planner, "seed")
-    _add_setting(planner, "opt", context="for the large-batch advice: ")
-    _add_setting(planner, "warmup_epochs", context="for the large-batch advice: ")
-    planner.add_argument("--epoch", type=number(int, 0, 1_000_000), default=0, help="which epoch's shard order to show")
-    planner.add_argument("--show-workers", action="store_true", help="list the shards of every worker")
-    planner.add_argument("--simulate", action="store_true", help="run the real loaders over the real shards")
-    planner.add_argument("--show-open", action="store_true", help="with --simulate: shards each worker opened")
-    _add_setting(planner, "verify_shards", context="with --simulate: ")
-    planner.add_argument("--json", action="store_true", help="machine-readable output")
-    planner.set_defaults(func=cmd_plan, check=_plan_setup)
+        "show how shards split over nodes x GPUs x workers and whether every rank gets the same batches",
+        PlanOptions,
+        cmd_plan,
+        check=_plan_setup,
+    ),
+)

@@ -6,13 +6,16 @@ import argparse
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from imagenet_train.declarations import number, text
+from imagenet_train.commands import Command
+from imagenet_train.declarations import option, positional
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.launch import GRACE_PERIOD
 
 SIGNAL = re.compile(r"(R:)?(SIG)?(USR1|USR2|TERM|INT|HUP|\d+)(@\d+)?")
+PROGRAM = "imagenet-train command and its options"
 
 
 def _program(words: list[str]) -> list[str]:
@@ -35,17 +38,82 @@ def _signal(value: str) -> str:
     return value
 
 
+@dataclass
+class SshOptions:
+    """`imagenet-train ssh --hosts FILE [OPTIONS] -- PROGRAM...`."""
+
+    hosts: str = option(
+        None, "one [user@]host[:port] per line; # comments", nonempty=True, required=True, metavar="FILE"
+    )
+    nproc_per_node: int | None = option(
+        None, "processes per host (default: its GPUs, else 1)", kind=int, minimum=1, maximum=1024
+    )
+    master_addr: str = option("", "address the hosts reach host 0 at (default: its name)")
+    master_port: int = option(29500, "rendezvous port on host 0", minimum=1, maximum=65535)
+    env: list[str] = option(
+        [],
+        "also pass this variable (the shard I/O variables set here always go; secrets never do)",
+        many=True,
+        metavar="NAME[=VALUE]",
+    )
+    remote_command: str = option("imagenet-train", "how a host starts imagenet-train", nonempty=True)
+    chdir: str = option("", "directory to run in on every host")
+    identity: str = option("", "ssh private key file (ssh -i)")
+    ssh_option: list[str] = option([], "ssh -o OPTION", many=True, metavar="OPTION")
+    connect_timeout: float = option(20, "seconds ssh waits for a host", kind=float, minimum=1, maximum=3600)
+    grace_period: float = option(
+        GRACE_PERIOD, "seconds a stopping host gets before SIGKILL", kind=float, minimum=1, maximum=3600
+    )
+    dry_run: bool = option(False, "print the ssh commands and exit")
+    program: list[str] = positional(PROGRAM, rest=True, nonempty=False)
+
+
+@dataclass
+class SshNodeOptions:
+    """`imagenet-train ssh-node [OPTIONS] -- PROGRAM...` (run by `imagenet-train ssh` on each host)."""
+
+    grace_period: float = option(90, "seconds between SIGTERM and SIGKILL", kind=float, minimum=0, maximum=7200)
+    environment_on_stdin: bool = option(
+        False, "first read one JSON line of variables from stdin (credentials kept off the command line)"
+    )
+    program: list[str] = positional(PROGRAM, rest=True, nonempty=False)
+
+
+@dataclass
+class SlurmOptions:
+    """`imagenet-train slurm [OPTIONS] -- PROGRAM...`."""
+
+    nodes: int = option(1, "nodes", minimum=1, maximum=100_000)
+    gpus_per_node: int = option(0, "GPUs (training processes) per node; 0: CPU", minimum=0, maximum=1024)
+    cpus_per_task: int = option(0, "CPUs per node's task (0: Slurm's default)", minimum=0, maximum=4096)
+    partition: str = option("", "partition (default: the cluster's)")
+    time: str = option("", "time limit, e.g. 2-00:00:00")
+    signal: str = option(
+        "USR1@120", "signal training gets this many seconds before the time limit ('' none)", parse=_signal
+    )
+    requeue: bool = option(False, "after a clean stop on that signal, requeue the job")
+    job_name: str = option("imagenet-train", "job name", nonempty=True)
+    output: str = option("imagenet-train-%j.out", "the job's log file (sbatch --output)", nonempty=True)
+    script: str = option("imagenet-train.sbatch", "where to write the sbatch script", nonempty=True)
+    executable: str = option("", "imagenet-train on the nodes (default: this one's path)")
+    sbatch_option: list[str] = option(
+        [], "another #SBATCH line, e.g. --sbatch-option=--account=X", many=True, metavar="OPTION"
+    )
+    submit: bool = option(False, "submit with sbatch and print the job id")
+    program: list[str] = positional(PROGRAM, rest=True, nonempty=False)
+
+
 def cmd_ssh(args: argparse.Namespace) -> int:
     """Run one `imagenet-train launch` per host over SSH (with --dry-run, print the ssh commands instead)."""
+    from imagenet_train.launchers.ssh import SshOptions as SshRun
     from imagenet_train.launchers.ssh import (
-        SshOptions,
         forwarded_environment,
         parse_hosts,
         run,
         shown_command,
     )
 
-    options = SshOptions(
+    options = SshRun(
         hosts=parse_hosts(args.hosts),
         program=_program(args.program),
         environment=forwarded_environment(os.environ, args.env),
@@ -98,98 +166,25 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(commands, formatter) -> None:
-    """Register `ssh`, `ssh-node` and `slurm` on the CLI's subcommands."""
-    ssh = commands.add_parser(
+COMMANDS = (
+    Command(
         "ssh",
-        formatter_class=formatter,
-        help="run one `imagenet-train launch` per host over SSH (hosts file; node rank = line order)",
-        description="`imagenet-train ssh --hosts FILE -- train --shards URL ...`: host 0 is the rendezvous; "
-        "every host's lines come back prefixed with its name; one host failing, Ctrl-C or SIGTERM stops them all.",
-    )
-    ssh.add_argument(
-        "--hosts", type=text, required=True, metavar="FILE", help="one [user@]host[:port] per line; # comments"
-    )
-    ssh.add_argument(
-        "--nproc-per-node",
-        type=number(int, 1, 1024),
-        default=None,
-        help="processes per host (default: its GPUs, else 1)",
-    )
-    ssh.add_argument("--master-addr", default="", help="address the hosts reach host 0 at (default: its name)")
-    ssh.add_argument("--master-port", type=number(int, 1, 65535), default=29500, help="rendezvous port on host 0")
-    ssh.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME[=VALUE]",
-        help="also pass this variable (the shard I/O variables set here always go; secrets never do)",
-    )
-    ssh.add_argument("--remote-command", type=text, default="imagenet-train", help="how a host starts imagenet-train")
-    ssh.add_argument("--chdir", default="", help="directory to run in on every host")
-    ssh.add_argument("--identity", default="", help="ssh private key file (ssh -i)")
-    ssh.add_argument("--ssh-option", action="append", default=[], metavar="OPTION", help="ssh -o OPTION")
-    ssh.add_argument("--connect-timeout", type=number(float, 1, 3600), default=20, help="seconds ssh waits for a host")
-    ssh.add_argument(
-        "--grace-period",
-        type=number(float, 1, 3600),
-        default=GRACE_PERIOD,
-        help="seconds a stopping host gets before SIGKILL",
-    )
-    ssh.add_argument("--dry-run", action="store_true", help="print the ssh commands and exit")
-    ssh.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")
-    ssh.set_defaults(func=cmd_ssh)
-
-    node = commands.add_parser(
+        "run one `imagenet-train launch` per host over SSH (hosts file; node rank = line order)",
+        SshOptions,
+        cmd_ssh,
+        description="`imagenet-train ssh --hosts FILE -- train --shards URL ...`: host 0 is the rendezvous; every "
+        "host's lines come back prefixed with its name; one host failing, Ctrl-C or SIGTERM stops them all.",
+    ),
+    Command(
         "ssh-node",
-        formatter_class=formatter,
-        help="(run by `imagenet-train ssh` on each host) run a command until the SSH session ends",
-    )
-    node.add_argument(
-        "--grace-period", type=number(float, 0, 7200), default=90, help="seconds between SIGTERM and SIGKILL"
-    )
-    node.add_argument(
-        "--environment-on-stdin",
-        action="store_true",
-        help="first read one JSON line of variables from stdin (credentials kept off the command line)",
-    )
-    node.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")
-    node.set_defaults(func=cmd_ssh_node)
-
-    slurm = commands.add_parser(
+        "(run by `imagenet-train ssh` on each host) run a command until the SSH session ends",
+        SshNodeOptions,
+        cmd_ssh_node,
+    ),
+    Command(
         "slurm",
-        formatter_class=formatter,
-        help="write (and with --submit, submit) an sbatch script running one `imagenet-train launch` per node",
-    )
-    slurm.add_argument("--nodes", type=number(int, 1, 100_000), default=1, help="nodes")
-    slurm.add_argument(
-        "--gpus-per-node", type=number(int, 0, 1024), default=0, help="GPUs (training processes) per node; 0: CPU"
-    )
-    slurm.add_argument(
-        "--cpus-per-task", type=number(int, 0, 4096), default=0, help="CPUs per node's task (0: Slurm's default)"
-    )
-    slurm.add_argument("--partition", default="", help="partition (default: the cluster's)")
-    slurm.add_argument("--time", default="", help="time limit, e.g. 2-00:00:00")
-    slurm.add_argument(
-        "--signal",
-        type=_signal,
-        default="USR1@120",
-        help="signal training gets this many seconds before the time limit ('' none)",
-    )
-    slurm.add_argument("--requeue", action="store_true", help="after a clean stop on that signal, requeue the job")
-    slurm.add_argument("--job-name", type=text, default="imagenet-train", help="job name")
-    slurm.add_argument(
-        "--output", type=text, default="imagenet-train-%j.out", help="the job's log file (sbatch --output)"
-    )
-    slurm.add_argument("--script", type=text, default="imagenet-train.sbatch", help="where to write the sbatch script")
-    slurm.add_argument("--executable", default="", help="imagenet-train on the nodes (default: this one's path)")
-    slurm.add_argument(
-        "--sbatch-option",
-        action="append",
-        default=[],
-        metavar="OPTION",
-        help="another #SBATCH line, e.g. --sbatch-option=--account=X",
-    )
-    slurm.add_argument("--submit", action="store_true", help="submit with sbatch and print the job id")
-    slurm.add_argument("program", nargs=argparse.REMAINDER, help="imagenet-train command and its options")
-    slurm.set_defaults(func=cmd_slurm)
+        "write (and with --submit, submit) an sbatch script running one `imagenet-train launch` per node",
+        SlurmOptions,
+        cmd_slurm,
+    ),
+)

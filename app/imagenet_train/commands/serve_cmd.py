@@ -7,11 +7,38 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
-from imagenet_train.commands import deployment_file
-from imagenet_train.config import declaration
-from imagenet_train.declarations import add_flag, number, text
+from imagenet_train.commands import Command, deployment_file, training
+from imagenet_train.declarations import option, positional
 from imagenet_train.errors import ImagenetTrainError
+
+WEEK = 7 * 24 * 3600  # seconds: the longest wait a command takes
+
+
+@dataclass
+class ServeOptions:
+    """`imagenet-train serve DIRECTORY`."""
+
+    directory: str = positional("directory holding the shards and shards.json")
+    host: str = option("127.0.0.1", "address to listen on", nonempty=True)
+    port: int = option(8080, "port (0: a free one)", minimum=0, maximum=65535)
+    nginx_workers: int = option(2, "nginx worker processes", minimum=1, maximum=256)
+    access_log: bool = option(False, "keep an access log")
+    pid_file: str | None = option(None, "write this command's pid here")
+
+
+@dataclass
+class ProbeOptions:
+    """`imagenet-train probe [LOCATION]`."""
+
+    # default None, not "": argparse runs `type` over a string default, and an empty text is an error.
+    location: str | None = positional("index (shards.json), its directory, or a URL to either", optional=True)
+    deployment: str = option("", "probe the shard source of the chart's deployment.yaml", metavar="FILE")
+    split: str = option("train", "split whose first shard is read", nonempty=True)
+    wait: float = option(0, "retry for up to this many seconds (0: once)", kind=float, minimum=0, maximum=WEEK)
+    trust_index: bool = training("trust_index", given_only=False)
+    verify_shards: bool = training("verify_shards", given_only=False, context="the shard read: ")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -62,31 +89,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
-    """Add the shard-source commands to the CLI."""
-    port = number(int, 0, 65535)
-    seconds = number(float, 0, 7 * 24 * 3600)
-    serve = commands.add_parser("serve", formatter_class=formatter, help="serve a shard directory with nginx")
-    serve.add_argument("directory", type=text, help="directory holding the shards and shards.json")
-    serve.add_argument("--host", type=text, default="127.0.0.1", help="address to listen on")
-    serve.add_argument("--port", type=port, default=8080, help="port (0: a free one)")
-    serve.add_argument("--nginx-workers", type=number(int, 1, 256), default=2, help="nginx worker processes")
-    serve.add_argument("--access-log", action="store_true", help="keep an access log")
-    serve.add_argument("--pid-file", default=None, help="write this command's pid here")
-    serve.set_defaults(func=cmd_serve)
-
-    probe = commands.add_parser(
-        "probe", formatter_class=formatter, help="check a shard source: fetch the index and read one shard"
-    )
-    # default None, not "": argparse runs `type` over a string default, and text("") is an error.
-    probe.add_argument(
-        "location", type=text, nargs="?", default=None, help="index (shards.json), its directory, or a URL to either"
-    )
-    probe.add_argument(
-        "--deployment", default="", metavar="FILE", help="probe the shard source of the chart's deployment.yaml"
-    )
-    probe.add_argument("--split", type=text, default="train", help="split whose first shard is read")
-    probe.add_argument("--wait", type=seconds, default=0, help="retry for up to this many seconds (0: once)")
-    add_flag(probe, *declaration("trust_index"), given_only=False)
-    add_flag(probe, *declaration("verify_shards"), given_only=False, context="the shard read: ")
-    probe.set_defaults(func=cmd_probe)
+COMMANDS = (
+    Command("serve", "serve a shard directory with nginx", ServeOptions, cmd_serve),
+    Command("probe", "check a shard source: fetch the index and read one shard", ProbeOptions, cmd_probe),
+)

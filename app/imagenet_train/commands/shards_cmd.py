@@ -5,10 +5,98 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
+from enum import Enum
 
-from imagenet_train.config import declaration
+from imagenet_train.commands import Command, training
+from imagenet_train.datasets.fashion_mnist import DEBIAN_SOURCE, ValFrom
 from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
-from imagenet_train.declarations import add_flag, choice, number, text
+from imagenet_train.declarations import option, positional
+
+
+class ImageCheck(str, Enum):
+    """How `shards` checks each image (the --verify word; datasets/images.py's VERIFY)."""
+
+    FULL = "full"  # decode every image: catches any corruption
+    HEADER = "header"  # the header and the end marker: I/O speed
+
+
+@dataclass
+class ShardsOptions:
+    """`imagenet-train shards SOURCE OUTPUT`."""
+
+    source: str = positional("ImageFolder tree, Kaggle layout, or directory with the ILSVRC2012 tars")
+    output: str = positional("directory (or gs://BUCKET/PREFIX) for the shards and shards.json")
+    staging: str | None = option(None, "with a gs:// output: local directory to write to first")
+    prefix: str = option("imagenet-train", "shard name prefix", nonempty=True)
+    maxcount: int = option(1000, "samples per shard at most", minimum=1, maximum=10_000_000)
+    maxsize: int = option(3_000_000_000, "bytes per shard at most (approx.)", minimum=1 << 20, maximum=1 << 40)
+    workers: int = option(1, "parallel shard writers", minimum=1, maximum=512)
+    seed: int = option(0, "seed of the sample shuffle across shards", minimum=0, maximum=2**63 - 1)
+    resize: int = option(0, "re-encode images with a larger short side (0: keep)", minimum=0, maximum=16384)
+    quality: int = option(90, "JPEG quality when re-encoding", minimum=1, maximum=100)
+    verify: str = option(
+        ImageCheck.FULL.value,
+        "full: decode every image (catches any corruption); header: header and end marker (I/O speed)",
+        choices=ImageCheck,
+    )
+    max_image_pixels: int = option(
+        MAX_IMAGE_PIXELS,
+        "skip (and list) images whose header claims more pixels than this, before decoding them (0: no cap)",
+        minimum=0,
+        maximum=1 << 32,
+    )
+    val_labels: str | None = option(None, "LOC_val_solution.csv or '<file> <wnid>' lines")
+    list: int = option(20, "skipped/re-encoded files to list", minimum=0)
+    follow_symlinks: bool = option(
+        False,
+        "read images through symlinks that lead out of the source tree (by default they are skipped and listed)",
+    )
+    quiet: bool = option(False, "no progress bar")
+
+
+@dataclass
+class SummarizeOptions:
+    """`imagenet-train summarize LOCATION`."""
+
+    location: str = positional("shard directory, shards.json, or a URL to either")
+    json: bool = option(False, "machine-readable output")
+    trust_index: bool = training("trust_index", given_only=False)
+
+
+@dataclass
+class DemoDataOptions:
+    """`imagenet-train demo-data OUTPUT`."""
+
+    output: str = positional("directory for train/ and val/")
+    size: int = option(64, "image side in pixels", minimum=8, maximum=4096)
+    seed: int = option(0, "seed of the train/val split", minimum=0, maximum=2**32 - 1)
+
+
+@dataclass
+class FashionMnistOptions:
+    """`imagenet-train fashion-mnist OUTPUT`."""
+
+    output: str = positional("new directory for train/, val/ and fashion-mnist.json")
+    source: str = option(DEBIAN_SOURCE, "folder with the four idx files (.gz or raw)", nonempty=True)
+    val_from: str = option(
+        ValFrom.HOLDOUT.value,
+        "what val/ holds: holdout (--holdout images kept out of the 60,000 train images, for tuning) or test "
+        "(the 10,000 test images, for reported figures only; train/ then draws on all 60,000)",
+        choices=ValFrom,
+    )
+    holdout: int = option(
+        5000,
+        "with --val-from holdout: train images held out as val/, the same number per class",
+        minimum=0,
+        maximum=60_000,
+    )
+    train_size: int = option(
+        0, "class-balanced subset of the remaining train images to write (0: all of them)", minimum=0, maximum=60_000
+    )
+    size: int = option(28, "image side in pixels (bicubic)", minimum=8, maximum=4096)
+    seed: int = option(0, "seed of the holdout and subset", minimum=0, maximum=2**32 - 1)
+    quiet: bool = option(False, "no progress bar")
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
@@ -97,7 +185,7 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 def cmd_fashion_mnist(args: argparse.Namespace) -> int:
     """Write Fashion-MNIST as ImageNet-layout JPEGs (val/ held out or the test set) and print the counts."""
-    from imagenet_train.datasets.fashion_mnist import ValFrom, write_fashion_mnist
+    from imagenet_train.datasets.fashion_mnist import write_fashion_mnist
 
     counts = write_fashion_mnist(
         args.output,
@@ -114,95 +202,16 @@ def cmd_fashion_mnist(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
-    """Add the dataset commands to the CLI."""
-    count = number(int, 0)
-    shards = commands.add_parser("shards", formatter_class=formatter, help="convert a dataset into shards + index")
-    shards.add_argument(
-        "source", type=text, help="ImageFolder tree, Kaggle layout, or directory with the ILSVRC2012 tars"
-    )
-    shards.add_argument("output", type=text, help="directory (or gs://BUCKET/PREFIX) for the shards and shards.json")
-    shards.add_argument("--staging", default=None, help="with a gs:// output: local directory to write to first")
-    shards.add_argument("--prefix", type=text, default="imagenet-train", help="shard name prefix")
-    shards.add_argument("--maxcount", type=number(int, 1, 10_000_000), default=1000, help="samples per shard at most")
-    shards.add_argument(
-        "--maxsize", type=number(int, 1 << 20, 1 << 40), default=3_000_000_000, help="bytes per shard at most (approx.)"
-    )
-    shards.add_argument("--workers", type=number(int, 1, 512), default=1, help="parallel shard writers")
-    shards.add_argument(
-        "--seed", type=number(int, 0, 2**63 - 1), default=0, help="seed of the sample shuffle across shards"
-    )
-    shards.add_argument(
-        "--resize", type=number(int, 0, 16384), default=0, help="re-encode images with a larger short side (0: keep)"
-    )
-    shards.add_argument("--quality", type=number(int, 1, 100), default=90, help="JPEG quality when re-encoding")
-    shards.add_argument(
-        "--verify",
-        default="full",
-        type=choice("full", "header"),
-        help="full: decode every image (catches any corruption); header: header and end marker (I/O speed)",
-    )
-    shards.add_argument(
-        "--max-image-pixels",
-        type=number(int, 0, 1 << 32),
-        default=MAX_IMAGE_PIXELS,
-        help="skip (and list) images whose header claims more pixels than this, before decoding them (0: no cap)",
-    )
-    shards.add_argument("--val-labels", default=None, help="LOC_val_solution.csv or '<file> <wnid>' lines")
-    shards.add_argument("--list", type=count, default=20, help="skipped/re-encoded files to list")
-    shards.add_argument(
-        "--follow-symlinks",
-        action="store_true",
-        help="read images through symlinks that lead out of the source tree (by default they are skipped and listed)",
-    )
-    shards.add_argument("--quiet", action="store_true", help="no progress bar")
-    shards.set_defaults(func=cmd_shards)
-
-    summarize = commands.add_parser("summarize", formatter_class=formatter, help="brace notation and counts")
-    summarize.add_argument("location", type=text, help="shard directory, shards.json, or a URL to either")
-    summarize.add_argument("--json", action="store_true", help="machine-readable output")
-    add_flag(summarize, *declaration("trust_index"), given_only=False)
-    summarize.set_defaults(func=cmd_summarize)
-
-    demo = commands.add_parser(
-        "demo-data", formatter_class=formatter, help="write scikit-learn's digits as an ImageNet-layout JPEG dataset"
-    )
-    demo.add_argument("output", type=text, help="directory for train/ and val/")
-    demo.add_argument("--size", type=number(int, 8, 4096), default=64, help="image side in pixels")
-    demo.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seed of the train/val split")
-    demo.set_defaults(func=cmd_demo_data)
-
-    from imagenet_train.datasets.fashion_mnist import DEBIAN_SOURCE, ValFrom
-
-    fashion = commands.add_parser(
+COMMANDS = (
+    Command("shards", "convert a dataset into shards + index", ShardsOptions, cmd_shards),
+    Command("summarize", "brace notation and counts", SummarizeOptions, cmd_summarize),
+    Command(
+        "demo-data", "write scikit-learn's digits as an ImageNet-layout JPEG dataset", DemoDataOptions, cmd_demo_data
+    ),
+    Command(
         "fashion-mnist",
-        formatter_class=formatter,
-        help="write Fashion-MNIST (Debian's dataset-fashion-mnist) as an ImageNet-layout JPEG dataset",
-    )
-    fashion.add_argument("output", type=text, help="new directory for train/, val/ and fashion-mnist.json")
-    fashion.add_argument(
-        "--source", type=text, default=DEBIAN_SOURCE, help="folder with the four idx files (.gz or raw)"
-    )
-    fashion.add_argument(
-        "--val-from",
-        type=choice(*(v.value for v in ValFrom)),
-        default=ValFrom.HOLDOUT.value,
-        help="what val/ holds: holdout (--holdout images kept out of the 60,000 train images, for tuning) or test "
-        "(the 10,000 test images, for reported figures only; train/ then draws on all 60,000)",
-    )
-    fashion.add_argument(
-        "--holdout",
-        type=number(int, 0, 60_000),
-        default=5000,
-        help="with --val-from holdout: train images held out as val/, the same number per class",
-    )
-    fashion.add_argument(
-        "--train-size",
-        type=number(int, 0, 60_000),
-        default=0,
-        help="class-balanced subset of the remaining train images to write (0: all of them)",
-    )
-    fashion.add_argument("--size", type=number(int, 8, 4096), default=28, help="image side in pixels (bicubic)")
-    fashion.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seed of the holdout and subset")
-    fashion.add_argument("--quiet", action="store_true", help="no progress bar")
-    fashion.set_defaults(func=cmd_fashion_mnist)
+        "write Fashion-MNIST (Debian's dataset-fashion-mnist) as an ImageNet-layout JPEG dataset",
+        FashionMnistOptions,
+        cmd_fashion_mnist,
+    ),
+)

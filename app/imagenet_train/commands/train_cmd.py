@@ -3,35 +3,33 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
-from imagenet_train.commands import Parser
-from imagenet_train.declarations import add_flag, declared
-
-
-def _add_settings(parser: argparse.ArgumentParser, section) -> None:
-    """One flag per declared setting: its type, default, help and range come from the declaration.
-
-    Flags default to absent (SUPPRESS), so a flag given overrides `--config`, which overrides the default.
-    """
-    group = parser.add_argument_group(type(section).__name__.removesuffix("Config").lower() or "options")
-    for declaration, rule in declared(section):
-        add_flag(group, declaration, rule)
+from imagenet_train.commands import Command, Parser, add_arguments
+from imagenet_train.config import SECTIONS
+from imagenet_train.declarations import declared, option
 
 
-def _add_options(train: argparse.ArgumentParser) -> None:
-    """`--config FILE` and the declared settings, as `train` takes them."""
-    from imagenet_train.config import DataConfig, OptimConfig, RunConfig
+@dataclass
+class TrainOptions:
+    """`imagenet-train train`: `--config FILE`, then one flag per training setting (config.py)."""
 
-    train.add_argument(
-        "--config",
-        dest="config_file",
-        default="",
-        metavar="FILE",
-        help="YAML or JSON file of settings by name (batch_size: 64), or a run's config.json to repeat it; "
+    config_file: str = option(
+        "",
+        "YAML or JSON file of settings by name (batch_size: 64), or a run's config.json to repeat it; "
         "flags given override it",
+        flags=("--config",),
+        metavar="FILE",
     )
-    for section in (DataConfig(), OptimConfig(), RunConfig()):
-        _add_settings(train, section)
+
+
+def _groups() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """One group of flags per settings section (data, optim, run), each flag defaulting to absent (SUPPRESS), so
+    a flag given overrides `--config`, which overrides the default."""
+    return tuple(
+        (section.__name__.removesuffix("Config").lower(), tuple(d.name for d, _ in declared(section)))
+        for section in SECTIONS
+    )
 
 
 def _config_from(args: argparse.Namespace):
@@ -52,7 +50,7 @@ def _config_from(args: argparse.Namespace):
 def train_config(options: list[str]):
     """The Config that `imagenet-train train OPTIONS...` would run, for other launchers and notebooks."""
     parser = Parser(prog="imagenet-train train", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _add_options(parser)
+    add_arguments(parser, COMMANDS[0])
     return _config_from(parser.parse_args(options))
 
 
@@ -69,8 +67,8 @@ def _check_train(args: argparse.Namespace) -> None:
     args.config = _config_from(args).validate()
 
 
-def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
-    """Add `train` to the CLI."""
-    train = commands.add_parser("train", formatter_class=formatter, help="train (run under torchrun for DDP)")
-    _add_options(train)
-    train.set_defaults(func=cmd_train, check=_check_train)
+COMMANDS = (
+    Command(
+        "train", "train (run under torchrun for DDP)", TrainOptions, cmd_train, check=_check_train, settings=_groups()
+    ),
+)
