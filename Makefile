@@ -14,6 +14,12 @@ IMAGE_REF := $(if $(REGISTRY),$(REGISTRY)/,)$(IMAGE):$(TAG)
 BASE_IMAGE ?= nvcr.io/nvidia/pytorch:25.01-py3
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 BUILD_FLAGS ?=
+# `make push` writes the pushed manifest's digest to DIGEST_FILE, to pin in the chart (image.digest).
+# REGISTRY_CERT_DIR: a folder with the ca.crt of a registry behind a private CA (podman's --cert-dir);
+# PUSH_FLAGS: more push flags, e.g. --tls-verify=false for a plain-HTTP registry on localhost only.
+DIGEST_FILE ?= $(CURDIR)/.image-digest
+REGISTRY_CERT_DIR ?=
+PUSH_FLAGS ?=
 # docker when its daemon answers, else podman (buildah underneath), else docker for the error message.
 CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || (command -v podman >/dev/null 2>&1 && echo podman) || echo docker)
 SHARDS ?= $(CURDIR)/demo/shards
@@ -36,7 +42,7 @@ help:
 	@echo "make small-images - recipes/small-images.yaml on Fashion-MNIST's test set (full train set and a 12,000 subset), 3 seeds, into docs/benchmarks.md"
 	@echo "make gpu-check - on one CUDA GPU (<10 min): the CUDA tests, each training mechanism, P6 at 160/192/224 px into docs/benchmarks.md"
 	@echo "make manifests - regenerate manifests/examples/ with tools/render.py"
-	@echo "make build push [REGISTRY=.. IMAGE=.. TAG=..] - build and push the training image"
+	@echo "make build push [REGISTRY=.. IMAGE=.. TAG=..] - build and push the training image; its digest goes to .image-digest"
 	@echo "make shell / make docker-run - a shell in the image / the 2-GPU job in a container"
 	@echo "make image-test - build the image for real (podman) and run it"
 
@@ -51,13 +57,20 @@ system-deps:
 # torch is installed first and pinned by constraints.txt so no resolver swaps it for a CUDA build.
 # The registry's torchvision is a CUDA build; --no-deps keeps it from pulling anything, and
 # imagenet_train.compat makes it import next to CPU torch.
-# Container tools for the real image build in the tests (Debian's buildah/podman; no Docker engine here).
+# Container tools for the real image build in the tests (Debian's buildah/podman; no Docker engine here), and
+# Debian's docker-registry for `make push`'s test, which starts its own on 127.0.0.1: a policy-rc.d answering 101
+# keeps the packaged service from starting while it installs (and it is disabled where systemd runs).
+IMAGE_PACKAGES := buildah podman runc mmdebstrap docker-registry
 image-deps:
-	@command -v podman >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah podman runc mmdebstrap >/dev/null \
-	    || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah podman runc mmdebstrap >/dev/null) \
-	    || echo "image-deps: buildah/podman could not be installed; the image tests will skip" >&2; \
-	  else echo "image-deps: not root; install buildah podman runc mmdebstrap to run the image tests" >&2; fi; }
+	@command -v podman >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1 && command -v docker-registry >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d \
+	      && trap 'rm -f /usr/sbin/policy-rc.d' EXIT; fi; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(IMAGE_PACKAGES) >/dev/null \
+	    || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(IMAGE_PACKAGES) >/dev/null) \
+	    || echo "image-deps: $(IMAGE_PACKAGES) could not be installed; the image tests will skip" >&2; \
+	    if [ -d /run/systemd/system ]; then systemctl disable --now docker-registry.service >/dev/null 2>&1 || true; fi; \
+	  else echo "image-deps: not root; install $(IMAGE_PACKAGES) to run the image tests" >&2; fi; }
 
 # The launchers' tests start real OpenSSH servers and a real Slurm (munged, slurmctld, two slurmd) on 127.0.0.1.
 launcher-deps:
@@ -136,8 +149,18 @@ build:
 	  --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VERSION=$(TAG) --build-arg REVISION=$(REVISION) \
 	  --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) .
 
+# podman writes the digest itself (--digestfile); docker's is read back from the image's RepoDigests.
 push:
-	$(CONTAINER) push $(IMAGE_REF)
+	@test -n "$(REGISTRY)" || { echo "make push: REGISTRY is empty; expected e.g. REGISTRY=ghcr.io/acme" >&2; exit 2; }
+ifeq ($(notdir $(CONTAINER)),podman)
+	$(CONTAINER) push $(if $(REGISTRY_CERT_DIR),--cert-dir $(REGISTRY_CERT_DIR)) $(PUSH_FLAGS) --digestfile $(DIGEST_FILE) $(IMAGE_REF)
+else
+	$(CONTAINER) push $(PUSH_FLAGS) $(IMAGE_REF)
+	$(CONTAINER) image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' $(IMAGE_REF) \
+	  | sed -n 's|^$(REGISTRY)/$(IMAGE)@||p' | head -n1 > $(DIGEST_FILE)
+endif
+	@digest=$$(cat $(DIGEST_FILE)); echo "pushed $(REGISTRY)/$(IMAGE)@$$digest"; \
+	  echo "pin it: --set image.repository=$(REGISTRY)/$(IMAGE) --set image.digest=$$digest"
 
 shell:
 	$(CONTAINER) run --rm -it --entrypoint bash -v $(SHARDS):/shards:ro -v $(RESULTS):/results $(IMAGE_REF)

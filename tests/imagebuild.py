@@ -9,7 +9,8 @@ as images between runs:
   (tests/image/Containerfile.nginx-standin).
 The training image itself is built by the documented release path, `make build`, from a copy of the checkout
 with planted secrets and run output that must never reach a layer. Its name is this checkout's own, so
-sessions in other worktrees never remove an image this one is running.
+sessions in other worktrees never remove an image this one is running. `make push` sends it to Debian's
+docker-registry started on 127.0.0.1 over TLS (LocalRegistry), from which it is pulled back by digest.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import ssl
 import subprocess
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from imagenet_train.ops.serve import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 STAGE0 = "localhost/imagenet-train-stage0:bookworm"
@@ -55,6 +61,13 @@ def missing_tools() -> str:
         return "podman/mmdebstrap not installed (make image-deps installs them as root)"
     if torch_wheel() is None:
         return "no local CPU torch 2.13.0 wheel to build the stand-in base image from"
+    return ""
+
+
+def registry_missing() -> str:
+    """Why no local registry can be started here ("" when it can)."""
+    if not shutil.which("docker-registry") or not shutil.which("openssl"):
+        return "docker-registry/openssl not installed (make image-deps installs docker-registry as root)"
     return ""
 
 
@@ -169,3 +182,67 @@ def remove_training_image(engine: Podman) -> None:
     """Remove the image under test and the builder stages it left (the cached bases stay)."""
     engine("rmi", "--force", IMAGE, check=False)
     engine("image", "prune", "--force", "--filter", "label=org.imagenet-train.stage=builder", check=False)
+
+
+class LocalRegistry:
+    """Debian's docker-registry (distribution 2.8) on 127.0.0.1 over TLS, storing under `folder`.
+
+    Its certificate is self-signed for 127.0.0.1 and `cert_dir` holds it as ca.crt, which is what podman's
+    --cert-dir reads: pushes and pulls verify TLS for real. Started and stopped by its PID (a context manager).
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.storage = folder / "storage"
+        self.cert_dir = folder / "certs"
+        self.host = f"127.0.0.1:{free_port()}"
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> LocalRegistry:
+        self.cert_dir.mkdir(parents=True)
+        key, cert = self.folder / "key.pem", self.folder / "cert.pem"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+            + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        shutil.copy(cert, self.cert_dir / "ca.crt")
+        config = self.folder / "config.yml"
+        config.write_text(
+            f"version: 0.1\nlog: {{level: warn}}\nstorage: {{filesystem: {{rootdirectory: {self.storage}}}}}\n"
+            f"http: {{addr: {self.host}, tls: {{certificate: {cert}, key: {key}}}}}\n"
+        )
+        log = (self.folder / "registry.log").open("w")
+        self.process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=log)
+        deadline = time.monotonic() + 30
+        context = ssl.create_default_context(cafile=str(cert))
+        while True:
+            try:
+                with urllib.request.urlopen(f"https://{self.host}/v2/", context=context, timeout=5) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError as error:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.__exit__(None, None, None)
+                    log_text = (self.folder / "registry.log").read_text()
+                    raise AssertionError(f"docker-registry did not answer ({error}): {log_text}") from None
+                time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def manifest(self, repository: str, digest: str) -> bytes:
+        """The manifest the registry stored under `digest` for `repository`, read from its storage folder."""
+        algorithm, hex_digest = digest.split(":")
+        v2 = self.storage / "docker" / "registry" / "v2"
+        link = v2 / "repositories" / repository / "_manifests" / "revisions" / algorithm / hex_digest / "link"
+        assert link.read_text() == digest, f"{repository}@{digest} is not in the registry"
+        return (v2 / "blobs" / algorithm / hex_digest[:2] / hex_digest / "data").read_bytes()

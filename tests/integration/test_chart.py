@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_matrix import LAUNCHERS, MATRIX, RELEASE, SERVERS, entry_id, matrix_values, parse, render_py
-from k8s_rules import aistore, training_operator
+from k8s_rules import admission, aistore, training_operator
 
 from chartkit.objects import render
 from imagenet_train.deployment import read_deployment
@@ -355,6 +355,8 @@ NEGATIVE = [
     ({"results": {"bucket": "s3://runs"}}, "results.bucket"),
     ({"resources": {"limits": {"memory": "lots"}}}, "resources.limits.memory"),
     ({"image": {"repository": ""}}, "image.repository"),
+    ({"image": {"digest": "sha256:0123abc"}}, "image.digest"),
+    ({"image": {"digest": "v0.1.0"}}, "image.digest"),
     ({"launcher": {"kind": "trainjob", "elastic": {"enabled": True}}}, "launcher.elastic.enabled"),
     ({"launcher": {"kind": "jobset", "restartPolicy": "ExitCode"}}, "launcher.restartPolicy"),
     ({"launcher": {"kind": "trainjob"}, "priorityClassName": "high"}, "priorityClassName"),
@@ -658,6 +660,49 @@ def test_gpu_cluster_settings_reach_every_launchers_pods_in_helm_and_render_py(t
                 assert not k8s_checks.crd_problems(obj)
             else:
                 kubernetes_validate.validate(obj, VALIDATE_VERSIONS[-1], strict=True)
+
+
+PUSHED = "127.0.0.1:5000/acme/imagenet-train"
+DIGEST = "sha256:" + "4f0c" * 16
+
+
+def images(node) -> set[str]:
+    """Every `image` an object names (containers, init containers, a TrainJob's spec.trainer)."""
+    if isinstance(node, dict):
+        own = {node["image"]} if isinstance(node.get("image"), str) else set()
+        return own.union(*(images(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(images(v) for v in node))
+    return set()
+
+
+def test_image_digest_pins_every_training_pod_to_what_was_pushed_in_helm_and_render_py(tmp_path):
+    """image.digest (as `make push` prints it): REPOSITORY@DIGEST in every pod that runs imagenet-train, the tag
+    ignored, in objects kubernetes-validate, the CRDs, their CEL rules and the operators' webhooks admit."""
+    fill = {"nginx": {"fill": {"enabled": True, "from": "gs://acme-data/imagenet/shards"}}}
+    for launcher in LAUNCHERS:
+        values = {"image": {"repository": PUSHED, "tag": "v0.1.0", "digest": DIGEST}, "launcher": {"kind": launcher}}
+        path = tmp_path / f"{launcher}.yaml"
+        path.write_text(yaml.safe_dump({**values, "shards": fill}))
+        for helm in (tool("helm"), tool("helm3")):
+            result = helm_template(helm, path, KUBE_VERSIONS[1])
+            assert result.returncode == 0, result.stderr
+            objects = parse(result.stdout)
+            assert meaning(objects) == meaning(parse(render([str(path)], release=RELEASE)))
+        named = {obj["kind"]: images(obj) for obj in objects.values() if images(obj)}
+        # The workload, the fill Job and the helm test pod run imagenet-train; the shard server is nginx.
+        assert named.pop("Deployment") == {"nginxinc/nginx-unprivileged:1.28"}
+        assert named and all(found == {f"{PUSHED}@{DIGEST}"} for found in named.values()), named
+        for obj in objects.values():
+            if (obj["apiVersion"], obj["kind"]) in k8s_checks.CRD_FILES:
+                assert admission.admit(obj).problems == []
+            else:
+                kubernetes_validate.validate(obj, VALIDATE_VERSIONS[-1], strict=True)
+    tagged = {"image": {"repository": PUSHED, "tag": "v0.1.0"}, "launcher": {"kind": "trainjob"}}  # no digest
+    path.write_text(yaml.safe_dump(tagged))
+    assert images(parse(render([str(path)], release=RELEASE))[("TrainJob", f"{RELEASE}-imagenet-train")]) == {
+        f"{PUSHED}:v0.1.0"
+    }
 
 
 def test_notes_and_docs_state_version_requirements_and_upgrade_behaviour(tmp_path):

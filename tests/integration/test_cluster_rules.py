@@ -135,7 +135,8 @@ def test_the_trainer_webhook_refuses_a_manager_without_a_domain_in_the_api_serve
     assert admission.admit(job).problems == [REFUSED_MANAGER]
 
 
-# `helm upgrade` of a running release: the same values, changed train values, more nodes, a new elastic range.
+# `helm upgrade` of a running release: the same values, changed train values, more nodes, a new elastic range,
+# the image pinned by digest.
 UPGRADES = {
     "unchanged": ({}, {}),
     "train values": ({"train": {"lr": 0.4}}, {"train": {"lr": 0.2}}),
@@ -144,11 +145,16 @@ UPGRADES = {
         {"launcher": {"nodes": 2, "elastic": {"enabled": True, "minNodes": 1, "maxNodes": 2}}},
         {"launcher": {"nodes": 2, "elastic": {"enabled": True, "minNodes": 2, "maxNodes": 4}}},
     ),
+    "image pinned by digest": (
+        {"image": {"tag": "v0.1.0"}},
+        {"image": {"tag": "v0.1.0", "digest": "sha256:" + "4f0c" * 16}},
+    ),
 }
 # What the API server answers. Changed train values reach the pods through the ConfigMap only, and so does an
 # elastic range (PET_NNODES comes from deployment.yaml), so each workload is unchanged and admitted; more nodes
 # change a JobSet's replicatedJobs and a TrainJob's spec.trainer, both immutable (NOTES.txt: "helm upgrade
-# cannot change a running jobset/trainjob's pods"). A PyTorchJob may change: its operator scales it.
+# cannot change a running jobset/trainjob's pods"). A PyTorchJob may change: its operator scales it. Pinning the
+# image by digest changes the pods' image: the same refusals (a pinned image is for a new release of those two).
 EXPECTED_UPGRADE = {
     ("pytorchjob", "unchanged"): [],
     ("pytorchjob", "train values"): [],
@@ -164,6 +170,15 @@ EXPECTED_UPGRADE = {
     ("trainjob", "unchanged"): [],
     ("trainjob", "train values"): [],
     ("trainjob", "nodes"): [
+        "TrainJob.trainer.kubeflow.org",
+        'spec.trainer: Invalid value: "object": field is immutable',
+    ],
+    ("pytorchjob", "image pinned by digest"): [],
+    ("jobset", "image pinned by digest"): [
+        'admission webhook "vjobset.kb.io"',
+        'spec.replicatedJobs: Invalid value: "array": field is immutable',
+    ],
+    ("trainjob", "image pinned by digest"): [
         "TrainJob.trainer.kubeflow.org",
         'spec.trainer: Invalid value: "object": field is immutable',
     ],

@@ -3,18 +3,23 @@
 No registry can be pulled from here, so the CUDA PyTorch base is replaced by a stand-in: Debian
 bookworm from mmdebstrap with CPU torch (the local wheel) and torchvision, passed as BASE_IMAGE
 (tests/imagebuild.py, shared with tests/e2e). The stand-in bases are cached as images between runs; the
-image under test is removed at the end of the session.
+image under test is removed at the end of the session. `make push` sends it to Debian's docker-registry on
+127.0.0.1, and it is pulled back by digest into an empty image store and run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from imagebuild import IMAGE, Podman
+from imagebuild import IMAGE, LocalRegistry, Podman, registry_missing
 
 from imagenet_train.ops.serve import NginxServer
 
@@ -186,6 +191,69 @@ def test_two_process_training_in_the_container_reads_host_nginx_and_writes_resul
     metrics = read_metrics(results / "run")
     assert metrics[0]["batches_per_rank"] == [4, 4] and metrics[0]["val_samples"] == 359
     assert (results / "run" / "checkpoints" / "epoch-0000.pt").exists()
+
+
+def make_push(podman: Podman, registry: LocalRegistry, digest_file: Path) -> subprocess.CompletedProcess:
+    """`make push` of REGISTRY/imagenet-train:image-test, trusting the registry's CA by its cert dir."""
+    variables = [f"REGISTRY={registry.host}", "IMAGE=imagenet-train", "TAG=image-test", "CONTAINER=podman"]
+    variables += [f"REGISTRY_CERT_DIR={registry.cert_dir}", f"DIGEST_FILE={digest_file}"]
+    command = ["make", "--no-print-directory", "-C", str(REPO), "push", *variables]
+    return subprocess.run(command, env=podman.env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_make_push_sends_the_image_to_a_registry_and_a_pull_by_its_digest_runs_it(podman, training_image, tmp_path):
+    """Debian's docker-registry on 127.0.0.1 over TLS: `make push`, the local tag removed, the image pulled back by
+    the printed digest into an empty image store (every layer from the registry) and `imagenet-train --help` run."""
+    reason = registry_missing()
+    if reason:
+        pytest.skip(reason)
+    with LocalRegistry(tmp_path / "registry") as registry:
+        pushed = f"{registry.host}/imagenet-train"
+        podman("tag", IMAGE, f"{pushed}:image-test")
+        push = make_push(podman, registry, tmp_path / "digest")
+        podman("rmi", f"{pushed}:image-test")  # the image under test keeps its own name
+        assert push.returncode == 0, push.stdout[-2000:] + push.stderr[-4000:]
+        assert not podman.exists(f"{pushed}:image-test")
+        digest = (tmp_path / "digest").read_text().strip()
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), digest
+        assert f"pushed {pushed}@{digest}\n" in push.stdout
+        assert f"--set image.repository={pushed} --set image.digest={digest}" in push.stdout
+        # The registry stored a manifest whose bytes hash to the digest, naming the image's own config.
+        manifest = registry.manifest("imagenet-train", digest)
+        assert f"sha256:{hashlib.sha256(manifest).hexdigest()}" == digest
+        image_id = podman("image", "inspect", IMAGE, "--format", "{{.Id}}").stdout.strip()
+        assert json.loads(manifest)["config"]["digest"] == f"sha256:{image_id}"
+
+        # podman refuses a runroot path over 50 characters: a short one under /tmp, removed below.
+        runroot = tempfile.mkdtemp(prefix="podman-run-", dir="/tmp")
+        store = ["--root", str(tmp_path / "store"), "--runroot", runroot]
+        by_digest = f"{pushed}@{digest}"
+        try:
+            untrusted = podman(*store, "pull", by_digest, check=False)  # TLS is verified, not waved through
+            assert untrusted.returncode != 0 and "x509: certificate signed by unknown authority" in untrusted.stderr
+            podman(*store, "pull", "--cert-dir", str(registry.cert_dir), by_digest)
+            pulled = json.loads(podman(*store, "image", "inspect", by_digest).stdout)[0]
+            assert pulled["Id"] == image_id and by_digest in pulled["RepoDigests"]
+            assert pulled["Labels"]["org.opencontainers.image.revision"] == training_image.revision
+            result = podman(*store, "run", "--rm", "--network=host", by_digest, "--help")
+            assert "usage: imagenet-train" in result.stdout and "ImageNet to WebDataset shards" in result.stdout
+        finally:
+            podman(*store, "rmi", "--all", "--force", check=False)
+            shutil.rmtree(runroot, ignore_errors=True)
+    assert registry.process.poll() is not None  # stopped by its PID
+    shutil.rmtree(registry.storage)  # the image's compressed layers: hundreds of MB per kept basetemp
+
+
+def test_make_push_without_a_registry_says_so_in_one_line():
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-C", str(REPO), "push", "REGISTRY=", "CONTAINER=podman"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("make push: REGISTRY is empty; expected e.g. REGISTRY=ghcr.io/acme\n")
 
 
 def test_dockerfile_passes_hadolint():

@@ -70,6 +70,7 @@ FORMATS: dict[str, Format] = {
     "dns-subdomain": _string(f"^{_SUBDOMAIN}$", "DNS-1123 subdomain", minLength=1, maxLength=253),
     "image-repository": _string(f"^{_REPOSITORY}$", "image repository", minLength=1, maxLength=255),
     "image-tag": _string(f"^{_TAG}$", "image tag"),
+    "image-digest": _string(r"^sha256:[a-f0-9]{64}$", "image digest (sha256:64 hex digits)"),
     "image-ref": _string(
         rf"^{_REPOSITORY}(:{_TAG})?(@sha256:[a-f0-9]{{64}})?$", "image[:tag][@digest]", minLength=1, maxLength=512
     ),

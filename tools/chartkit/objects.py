@@ -38,6 +38,13 @@ def _trunc(text: str, size: int) -> str:
     return text[:size].rstrip("-")
 
 
+def image(values: dict, app_version: str) -> str:
+    """The training image: REPOSITORY@DIGEST when a digest pins it (the tag is then ignored), else REPOSITORY:TAG."""
+    if values.get("digest"):
+        return f"{values['repository']}@{values['digest']}"
+    return f"{values['repository']}:{values['tag'] or app_version}"
+
+
 def helpers(values: dict, chart: dict, release: str, chart_dir: Path) -> dict[str, Any]:
     """Everything _helpers.tpl defines, computed once from the values."""
     v = values
@@ -63,7 +70,7 @@ def helpers(values: dict, chart: dict, release: str, chart_dir: Path) -> dict[st
         "selectorLabels": selector,
         "labels": labels,
         "serviceAccountName": sa_name,
-        "image": f"{v['image']['repository']}:{v['image']['tag'] or chart['appVersion']}",
+        "image": image(v["image"], chart["appVersion"]),
         "queueLabel": {"kueue.x-k8s.io/queue-name": queue} if queue else {},
         "nginxConf": (Path(chart_dir) / "files" / "nginx.conf").read_text(),
         "release": {"name": release},
