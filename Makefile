@@ -69,7 +69,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q --no-deps torchvision==0.28.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs,deploy,s3,ray,lightning,report,dali,timm]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs,deploy,s3,ray,lightning,report,dali,timm,mlflow,wandb]'
 	touch $(STAMP)
 
 venv: $(STAMP)
