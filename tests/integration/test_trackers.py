@@ -177,11 +177,11 @@ def test_a_tracker_that_is_down_does_not_stop_or_hold_up_training(digit_shards, 
     run_dir = tmp_path / "run"
     started = time.monotonic()
     result = torchrun(
-        ["--shards", str(digit_shards), *RUN, "--run-dir", str(run_dir), "--tracker", "mlflow", "--epochs", "2"]
+        ["--shards", str(digit_shards), *RUN, "--run-dir", str(run_dir), "--tracker", "mlflow", "--epochs", "1"]
     )
     seconds = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [line["epoch"] for line in read_metrics(run_dir)] == [0, 1]
+    assert [line["epoch"] for line in read_metrics(run_dir)] == [0]
     assert (run_dir / "final.pt").is_file()
     assert not (run_dir / "tracker.json").exists()
     failures = result.stderr.count("tracker mlflow: ")

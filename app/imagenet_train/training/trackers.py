@@ -88,9 +88,9 @@ class MlflowBackend:
         """Create the run (or reopen `run_id`) and log the params it does not hold yet."""
         from mlflow.entities import Param
 
-        if run_id:
+        held = self._held_params(run_id) if run_id else None
+        if held is not None:
             self.client.update_run(run_id, status="RUNNING")
-            held = self.client.get_run(run_id).data.params
         else:
             run_id = self.client.create_run(self._experiment(), run_name=name).info.run_id
             held = {}
@@ -101,6 +101,16 @@ class MlflowBackend:
             self.client.log_batch(run_id, params=fresh[start : start + 100])
         self.run_id = run_id
         return run_id
+
+    def _held_params(self, run_id: str) -> dict[str, str] | None:
+        """The params of the run to resume; None when this server has no such run (another tracking URI)."""
+        try:
+            return self.client.get_run(run_id).data.params
+        except self.mlflow.exceptions.MlflowException as error:
+            if error.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+        log.warning("tracker mlflow: no run %s on %s; starting a new one", run_id, self.mlflow.get_tracking_uri())
+        return None
 
     def _experiment(self) -> str:
         if os.environ.get("MLFLOW_EXPERIMENT_ID"):
@@ -181,7 +191,8 @@ class TrackerSink:
     # -- what the run sends ---------------------------------------------------------------------
     def begin(self, resolved: dict) -> None:
         """Start (or, resuming, reopen) the tracker run with config.json's settings as params."""
-        run_id, name, params = self._saved_id(), self.run_dir.resolve().name, flat_params(resolved)
+        run_id = saved_run_id(self.run_dir, self.tracker, self.resume)
+        name, params = self.run_dir.resolve().name, flat_params(resolved)
         self.calls.put(lambda: self._start(run_id, name, params))
 
     def epoch(self, record: dict) -> None:
@@ -248,22 +259,25 @@ class TrackerSink:
         self.run_id = self.backend.start(run_id, name, params)
         with atomic_write(self.run_dir / TRACKER_FILE) as stream:
             stream.write(json.dumps({"tracker": self.tracker, "run_id": self.run_id}).encode() + b"\n")
-        print(f"tracker {self.tracker}: run {self.run_id}{' resumed' if run_id else ''}", flush=True)
+        print(f"tracker {self.tracker}: run {self.run_id}{' resumed' if run_id == self.run_id else ''}", flush=True)
 
-    def _saved_id(self) -> str | None:
-        """The tracker run to continue: RUN_DIR/tracker.json's, when resuming with the same tracker."""
-        path = self.run_dir / TRACKER_FILE
-        if not self.resume or not path.is_file():
-            return None
-        try:
-            saved = json.loads(path.read_bytes()[:4096])
-            run_id = saved["run_id"] if saved["tracker"] == self.tracker else None
-        except (ValueError, TypeError, KeyError):
-            run_id = ""
-        if run_id is None or (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
-            return run_id
-        log.warning("%s: not a tracker record of ours (expected a run id); starting a new tracker run", path)
+
+def saved_run_id(run_dir: Path, tracker: str, resume: bool) -> str | None:
+    """The tracker run to continue: RUN_DIR/tracker.json's, when resuming with the same tracker (a file that is
+    not ours is a warning and a new tracker run: the tracker never stops training)."""
+    path = Path(run_dir) / TRACKER_FILE
+    if not resume or not path.is_file():
         return None
+    try:
+        with open(path, "rb") as stream:
+            saved = json.loads(stream.read(4096))
+        run_id = saved["run_id"] if saved["tracker"] == tracker else None
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        run_id = ""
+    if run_id is None or (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
+        return run_id
+    log.warning("%s: not a tracker record of ours (expected a run id); starting a new tracker run", path)
+    return None
 
 
 def open_tracker(run: RunConfig) -> TrackerSink | None:
