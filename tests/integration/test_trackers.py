@@ -134,6 +134,7 @@ def item_values(items) -> dict[str, object]:
     return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
 
 
+@pytest.mark.slow  # two more torchrun runs (~30 s of CPU): `make faults` runs it with test_resume.py's slow ones
 def test_wandb_offline_run_holds_params_and_epoch_metrics_and_resume_reuses_its_id(digit_shards, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-files"))
