@@ -190,6 +190,31 @@ def test_a_tracker_that_is_down_does_not_stop_or_hold_up_training(digit_shards, 
     assert "calls not sent by the end of the run" in result.stderr
 
 
+def test_sends_to_a_tracker_that_is_down_return_at_once_and_warn_once_a_minute(tmp_path, monkeypatch, caplog):
+    from imagenet_train.training.trackers import TrackerSink
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port('127.0.0.1')}")  # nothing listens
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    sink = TrackerSink("mlflow", tmp_path, resume=False)
+    started = time.monotonic()
+    sink.begin({"run": {"arch": "resnet18"}})
+    for epoch in range(50):
+        sink.epoch({"epoch": epoch, "train_loss": 1.0})
+    queued = time.monotonic() - started
+    assert queued < 0.5  # what the training loop waits: queueing only
+    started = time.monotonic()
+    sink.close(timeout=20)
+    assert time.monotonic() - started < 20
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tracker mlflow: ")]
+    assert len(warnings) == 2, (
+        warnings
+    )  # one failure line within the minute; the start, 50 epochs and the finish unsent
+    assert "ConnectionError" in warnings[0] or "MlflowException" in warnings[0]
+    assert warnings[1] == "tracker mlflow: 52 calls not sent by the end of the run " + (
+        "(metrics.jsonl and config.json hold it all)"
+    )
+
+
 def test_tracker_without_its_library_is_one_line_and_exit_2(digit_shards, tmp_path):
     # sys.modules[name] = None is Python's own way to make a module unimportable (as if not installed).
     code = (

@@ -211,7 +211,7 @@ class TrackerSink:
         self.calls.put(lambda: self.backend.finish())
         self.calls.put(None)
         if not self.done.wait(timeout) or self.pending:
-            left = len(self.pending) + self.calls.qsize()
+            left = len(self.pending) + sum(call is not None for call in list(self.calls.queue))
             log.warning(
                 "tracker %s: %d calls not sent by the end of the run (metrics.jsonl and config.json hold it all)",
                 self.tracker,
@@ -221,13 +221,16 @@ class TrackerSink:
     # -- the thread -----------------------------------------------------------------------------
     def _serve(self) -> None:
         while True:
-            call = self.calls.get()
-            if call is not None:
-                self.pending.append(call)
+            calls = [self.calls.get()]
+            while not self.calls.empty():  # all that came meanwhile, then one try: no back-to-back retries
+                calls.append(self.calls.get())
+            for call in calls:
+                if call is not None:
+                    self.pending.append(call)
                 if len(self.pending) > MAX_PENDING:
                     del self.pending[1]  # the oldest after the one being tried (the start, until it worked)
             self._flush()
-            if call is None:
+            if None in calls:
                 self.done.set()
                 return
 
