@@ -25,7 +25,7 @@ GPUS ?= 2
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite (without the slow fault tests and the launcher runs)"
-	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into docs/reliability.md, every mid-epoch resume case and the W&B tracker run"
+	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into docs/reliability.md, every mid-epoch resume case and the torchrun tracker runs (W&B, a tracker that is down)"
 	@echo "make launchers - SSH, Slurm (local sshd x2, local 2-node Slurm), Ray (a worker killed mid-run) and Lightning end to end"
 	@echo "make e2e    - the chart's rendered pods run with podman (every launcher, nginx and bucket, resume, a pod killed) into docs/e2e.md"
 	@echo "make lint   - ruff"

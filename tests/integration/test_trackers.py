@@ -134,7 +134,7 @@ def item_values(items) -> dict[str, object]:
     return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
 
 
-@pytest.mark.slow  # two more torchrun runs (~30 s of CPU): `make faults` runs it with test_resume.py's slow ones
+@pytest.mark.slow  # two torchrun runs (~30 s of CPU): `make faults` runs it with test_resume.py's slow ones
 def test_wandb_offline_run_holds_params_and_epoch_metrics_and_resume_reuses_its_id(digit_shards, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-files"))
@@ -173,6 +173,7 @@ def test_wandb_offline_run_holds_params_and_epoch_metrics_and_resume_reuses_its_
     assert summary["final_checkpoint"] == str((run_dir / "final.pt").resolve())
 
 
+@pytest.mark.slow  # a torchrun run (~15 s); make test has the sink's own test against a closed port below
 def test_a_tracker_that_is_down_does_not_stop_or_hold_up_training(digit_shards, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port('127.0.0.1')}")  # nothing listens
     run_dir = tmp_path / "run"
