@@ -31,7 +31,7 @@ GPUS ?= 2
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
 	@echo "make test   - set up and run the test suite (without the slow fault tests and the launcher runs)"
-	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into docs/reliability.md, and every mid-epoch resume case"
+	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into docs/reliability.md, every mid-epoch resume case and the torchrun tracker runs (W&B, a tracker that is down)"
 	@echo "make launchers - SSH, Slurm (local sshd x2, local 2-node Slurm), Ray (a worker killed mid-run) and Lightning end to end"
 	@echo "make e2e    - the chart's rendered pods run with podman (every launcher, nginx and bucket, resume, a pod killed) into docs/e2e.md"
 	@echo "make lint   - ruff"
@@ -83,7 +83,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q --no-deps torchvision==0.28.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs,deploy,s3,ray,lightning,report,dali,timm]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,demo,gcs,deploy,s3,ray,lightning,report,dali,timm,mlflow,wandb]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -115,7 +115,7 @@ faults: venv system-deps
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
 	rev=$$(git describe --always --dirty); start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
 	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --revision "$$rev" --findings tests/faults/findings.md --out docs/reliability.md; \
-	  $(BIN)/python -m pytest -q -m slow tests/integration/test_resume.py || status=1; \
+	  $(BIN)/python -m pytest -q -m slow tests/integration/test_resume.py tests/integration/test_trackers.py || status=1; \
 	  exit $$status
 
 # Training for real over two local sshd and on a local two-node Slurm (see docs/ssh.md and docs/slurm.md).

@@ -63,6 +63,17 @@ class Stem(str, Enum):
         return self.value
 
 
+class Tracker(str, Enum):
+    """Where rank 0 also sends a run's params and metrics (the --tracker word)."""
+
+    NONE = "none"
+    MLFLOW = "mlflow"
+    WANDB = "wandb"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class DataConfig:
     shards: str = setting("", "shard index (shards.json), its directory, or a URL to either")
@@ -466,6 +477,14 @@ class RunConfig:
         "of ResNet-18's block compute); 0: the architecture's own (64); for timm's ResNets only (--arch timm/resnet18)",
         minimum=0,
         maximum=4096,
+    )
+    tracker: str = setting(
+        Tracker.NONE.value,
+        "experiment tracker that rank 0 sends the params, each epoch's metrics and the final checkpoint's location "
+        "to, resumed into the same tracker run by --resume: mlflow (MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME; "
+        "pip install 'imagenet-train[mlflow]'), wandb (WANDB_PROJECT, WANDB_MODE, WANDB_DIR; "
+        "pip install 'imagenet-train[wandb]') or none; a tracker that is down never stops training",
+        choices=Tracker,
     )
 
 

@@ -65,6 +65,9 @@ def test_recipe_settings_lightning_does_not_apply_are_refused_not_ignored(digit_
     with pytest.raises(ImagenetTrainError) as refused:
         ShardDataModule(train_config(["--shards", str(digit_shards), "--model-ema", "--cutmix-alpha", "1"]))
     assert str(refused.value) == "--model-ema, --cutmix-alpha: not applied under Lightning; use `imagenet-train train`"
+    with pytest.raises(ImagenetTrainError) as refused:
+        ShardDataModule(train_config(["--shards", str(digit_shards), "--tracker", "mlflow"]))
+    assert str(refused.value) == "--tracker: not applied under Lightning; use `imagenet-train train`"
 
 
 def test_the_data_module_gives_lightning_sized_epochs_without_a_sampler(digit_shards):

@@ -54,6 +54,7 @@ def refuse_train_only_settings(cfg: Config) -> None:
         "--val-tta": run.val_tta,
         "--grad-accum-steps": optim.grad_accum_steps > 1,
         "--sync-bn": run.sync_bn,
+        "--tracker": run.tracker != "none",  # Lightning has its own loggers (MLFlowLogger, WandbLogger)
     }
     given = [name for name, on in wanted.items() if on]
     if given:

@@ -38,9 +38,10 @@ from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, sto
 from imagenet_train.training.preflight import preflight_check
 from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
 from imagenet_train.training.results_mirror import ResultsMirror
-from imagenet_train.training.run_record import EpochRecords, derived, write_config
+from imagenet_train.training.run_record import EpochRecords, derived
 from imagenet_train.training.step import TrainStep, amp_dtype, distribute
 from imagenet_train.training.tally import EpochTally
+from imagenet_train.training.trackers import open_tracker
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class Trainer:
         self.stop_position: Position | None = None  # where a pre-emption stopped the epoch
         self.stop_signal = 0
         self.mirror = ResultsMirror(self.run_dir, run.results, data.io_timeout, info.local_rank)
-        self.records = EpochRecords(self.run_dir, run.tensorboard) if info.is_main else None
+        self.records = EpochRecords(self.run_dir, run.tensorboard, open_tracker(run)) if info.is_main else None
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> None:
@@ -252,8 +253,7 @@ class Trainer:
         """Train from the start (or the resumed point) to the last epoch; returns the last epoch's record."""
         self.resume()
         if self.records:
-            write_config(
-                self.run_dir,
+            self.records.begin(
                 self.cfg.to_json(),
                 derived(self.info, self.schedule, self.source, self.amp, self.start_epoch, self.cfg.data),
             )

@@ -15,6 +15,7 @@ from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.training.dist import DistInfo, cleanup, init_distributed, is_peer_lost, peer_lost_reason
 from imagenet_train.training.loop import Trainer
 from imagenet_train.training.preempt import StopRequest
+from imagenet_train.training.trackers import check_installed
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ def train(cfg: Config) -> dict:
     Raises Preempted after a clean stop on SIGTERM/SIGUSR1 (the CLI exits with 128 + the signal).
     """
     cfg.validate()
+    check_installed(cfg.run.tracker)  # every rank, before the process group: one line, exit 2
     request = StopRequest()
     request.install()  # before the first collective: a signal during start-up is noted, not fatal
     info = init_distributed()

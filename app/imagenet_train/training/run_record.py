@@ -19,17 +19,20 @@ from imagenet_train.io.atomic import atomic_write
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.events import EpochEvents
+from imagenet_train.training.trackers import TrackerSink
 
 METRICS = "metrics.jsonl"
 MAX_METRICS_BYTES = 64 << 20  # a line per epoch is a few hundred bytes; a bigger file is not one we wrote
 
 
-def write_config(run_dir: Path, config_json: str, derived: dict[str, Any]) -> None:
-    """config.json: every setting as the run resolved it, plus what it derived (world size, LR, epochs...)."""
+def write_config(run_dir: Path, config_json: str, derived: dict[str, Any]) -> dict[str, Any]:
+    """config.json: every setting as the run resolved it, plus what it derived (world size, LR, epochs...);
+    returns what it wrote."""
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = json.loads(config_json)
     resolved["derived"] = derived
     (run_dir / "config.json").write_text(json.dumps(resolved, indent=1) + "\n")
+    return resolved
 
 
 def derived(
@@ -56,11 +59,18 @@ def derived(
 
 
 class EpochRecords:
-    """Rank 0's record of each epoch: a metrics.jsonl line, a summary line on stdout, TensorBoard scalars."""
+    """Rank 0's record of the run: config.json, and each epoch's metrics.jsonl line, summary line on stdout,
+    TensorBoard scalars and --tracker metrics."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: Path, tensorboard: bool, tracker: TrackerSink | None = None):
+        self.run_dir, self.tracker = run_dir, tracker
         self.events = EpochEvents(run_dir) if tensorboard else None
+
+    def begin(self, config_json: str, derived: dict[str, Any]) -> None:
+        """The run starts (or resumes): write config.json and open the tracker run with the same settings."""
+        resolved = write_config(self.run_dir, config_json, derived)
+        if self.tracker:
+            self.tracker.begin(resolved)
 
     def write(self, record: dict, global_step: int) -> None:
         """Record one epoch's metrics, `global_step` steps into the run."""
@@ -71,6 +81,8 @@ class EpochRecords:
         print(summary(record), flush=True)
         if self.events:
             self.events.write(record, global_step)
+        if self.tracker:
+            self.tracker.epoch(record)
 
     def keep_before(self, epoch: int) -> None:
         """A resume at `epoch`: drop the lines of that epoch and later, which the run trains again."""
@@ -79,9 +91,11 @@ class EpochRecords:
             write_lines(path, {e: line for e, line in epoch_lines(path).items() if e < epoch})
 
     def close(self) -> None:
-        """Flush and close the event files."""
+        """Flush and close the event files; the tracker run gets the final checkpoint's location and ends."""
         if self.events:
             self.events.close()
+        if self.tracker:
+            self.tracker.close()
 
 
 def epoch_lines(path: Path) -> dict[int, bytes]:
