@@ -114,3 +114,12 @@ def test_evaluate_errors_are_one_line(tiny_shards, tmp_path, capsys):
     plain = tmp_path / "plain.pkl"
     plain.write_bytes(pickle.dumps({"weight": [1.0, 2.0]}))
     assert "plain.pkl: unreadable weights file" in _error(capsys, str(plain))
+
+
+def test_evaluate_rebuilds_a_narrow_small_stem_network_from_the_runs_config(tiny_shards, tmp_path):
+    # The small-images recipe's network: a run's config.json must rebuild it, or its weights do not fit.
+    run_dir, network = tmp_path / "run", ["--arch", "timm/resnet18", "--resnet-width", "16", "--stem", "small"]
+    trained = cli("train", "--shards", str(tiny_shards), "--run-dir", str(run_dir), *TRAIN, *network, timeout=400)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    report = _evaluate(str(run_dir / "final.pt"), "--config", str(run_dir / "config.json"))
+    assert report["arch"] == "timm/resnet18" and report["top1"] == read_metrics(run_dir)[-1]["top1"]

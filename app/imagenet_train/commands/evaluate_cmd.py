@@ -34,6 +34,8 @@ SETTINGS = (
     "max_image_pixels",
     "loader_timeout",
     "arch",
+    "resnet_width",
+    "stem",
     "blurpool",
     "amp",
     "channels_last",
