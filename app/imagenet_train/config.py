@@ -17,6 +17,7 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.resumable import IO_TIMEOUT
 from imagenet_train.loading.options import (
     CROP_SIZE,
+    MAX_CORRUPT_STREAK,
     MIN_CROP_SCALE,
     AutoAugment,
     BrokenShardPolicy,
@@ -218,6 +219,14 @@ class DataConfig:
         "modes (0 or 1: off)",
         minimum=0,
         maximum=64,
+    )
+    max_corrupt_streak: int = setting(
+        MAX_CORRUPT_STREAK,
+        "stop with an error when a DataLoader worker meets this many corrupt samples (images that do not decode, "
+        "bad labels) in a row, or ends its share of an epoch without one good sample: the data is not what the "
+        "decoder reads (0: only count them, as corrupt_samples in metrics.jsonl)",
+        minimum=0,
+        maximum=1 << 30,
     )
 
     def eval_crop_size(self) -> int:
