@@ -17,6 +17,7 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.resumable import IO_TIMEOUT
 from imagenet_train.loading.options import (
     CROP_SIZE,
+    MAX_CORRUPT_STREAK,
     MIN_CROP_SCALE,
     AutoAugment,
     BrokenShardPolicy,
@@ -97,8 +98,8 @@ class DataConfig:
     batch_size: int = setting(plan.BATCH_SIZE, "batch size per rank", minimum=1, maximum=1 << 20)
     global_batch_size: int = setting(
         0,
-        "batch size over all ranks; when set, each rank's batch is this divided by the world size, which must "
-        "divide it (0: use --batch-size)",
+        "samples per optimizer step over all ranks (what the LR scales with); when set, each rank's batch is this "
+        "divided by world size x --grad-accum-steps, which must divide it (0: use --batch-size)",
         minimum=0,
         maximum=1 << 24,
     )
@@ -237,6 +238,14 @@ class DataConfig:
         minimum=0,
         maximum=64,
     )
+    max_corrupt_streak: int = setting(
+        MAX_CORRUPT_STREAK,
+        "stop with an error when a DataLoader worker meets this many corrupt samples (images that do not decode, "
+        "bad labels) in a row, or ends its share of an epoch without one good sample: the data is not what the "
+        "decoder reads (0: only count them, as corrupt_samples in metrics.jsonl)",
+        minimum=0,
+        maximum=1 << 30,
+    )
 
     def eval_crop_size(self) -> int:
         """The evaluation centre crop: --val-crop-size (224 unless set), the train crop size when it is 0."""
@@ -326,8 +335,9 @@ class OptimConfig:
     model_ema_steps: int = setting(32, "update the EMA every N optimizer steps", minimum=1, maximum=1 << 20)
     model_ema_decay: float = setting(
         0.99998,
-        "EMA decay per sample-epoch as torchvision gives it: the decay per update is adjusted for the global "
-        "batch, --model-ema-steps and the epochs; during LR warmup the EMA copies the weights",
+        "EMA decay per sample-epoch as torchvision gives it: the decay per update is adjusted for the optimizer's "
+        "global batch (--grad-accum-steps included), --model-ema-steps and the epochs; during LR warmup the EMA "
+        "copies the weights",
         minimum=0,
         maximum=1,
     )
@@ -368,8 +378,9 @@ class OptimConfig:
     )
     grad_accum_steps: int = setting(
         1,
-        "gradient accumulation: batches per optimizer step (timm's --grad-accum-steps); the global batch the LR "
-        "and warmup scale with is --batch-size x ranks x this; DDP syncs gradients only on the last of them",
+        "gradient accumulation: batches per optimizer step (timm's --grad-accum-steps); the global batch the LR, "
+        "warmup and EMA scale with is --batch-size x ranks x this (--global-batch-size is that batch); DDP syncs "
+        "gradients only on the last of them",
         minimum=1,
         maximum=1024,
     )
@@ -503,16 +514,19 @@ class Config:
         return json.dumps(dataclasses.asdict(self), indent=1)
 
     def for_world(self, world_size: int) -> Config:
-        """This config with each rank's batch derived from --global-batch-size (when set) for `world_size` ranks."""
-        total = self.data.global_batch_size
+        """This config with each rank's batch derived from --global-batch-size (when set) for `world_size` ranks: the
+        optimizer's batch, so each rank takes global / (ranks x --grad-accum-steps) per loader step."""
+        total, accumulate = self.data.global_batch_size, self.optim.grad_accum_steps
         if not total:
             return self
-        if total % world_size:
+        if total % (world_size * accumulate):
+            over = f"{world_size} ranks" + (f" x {accumulate} --grad-accum-steps" if accumulate > 1 else "")
             raise ImagenetTrainError(
-                f"--global-batch-size: {total} does not divide over {world_size} ranks; "
-                f"expected a multiple of {world_size}"
+                f"--global-batch-size: {total} does not divide over {over}; expected a multiple of "
+                f"{world_size * accumulate}"
             )
-        return dataclasses.replace(self, data=dataclasses.replace(self.data, batch_size=total // world_size))
+        batch = total // (world_size * accumulate)
+        return dataclasses.replace(self, data=dataclasses.replace(self.data, batch_size=batch))
 
     def validate(self) -> Config:
         """Reject settings that cannot work, naming the option."""

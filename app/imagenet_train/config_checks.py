@@ -68,7 +68,7 @@ def _check_optimizer(cfg: Any) -> None:
 
 
 def _check_recipe_settings(cfg: Any) -> None:
-    """The warmup shape, drop-path, BCE and accumulation settings that cannot go together."""
+    """The warmup shape, drop-path and BCE settings that cannot go together."""
     optim = cfg.optim
     if optim.lr_warmup_method == WarmupMethod.CONSTANT and not optim.lr_warmup_decay:
         raise ImagenetTrainError(
@@ -85,12 +85,6 @@ def _check_recipe_settings(cfg: Any) -> None:
         from imagenet_train.compat import require_timm
 
         require_timm("--loss bce")
-    if optim.grad_accum_steps > 1 and optim.model_ema:
-        # The EMA hook counts loader steps, not optimizer steps: its horizon would be off by the accumulation.
-        raise ImagenetTrainError(
-            "--grad-accum-steps: not yet with --model-ema (the EMA counts batches, not optimizer steps); "
-            "expected --grad-accum-steps 1 or --no-model-ema"
-        )
 
 
 def _check_resolution(data: Any) -> None:

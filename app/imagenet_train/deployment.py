@@ -265,7 +265,9 @@ def problems(values: Mapping[str, Any], name: str | None = None) -> list[str]:
             errors.append(f"train.{owned[0]}: set by the chart (shards, results, cache); remove it from train")
         config = Config()
         config.data.global_batch_size = settings.get("global_batch_size", 0)
+        config.optim.grad_accum_steps = settings.get("grad_accum_steps", 1)
         config.for_world(int(launcher["nodes"]) * nproc(values))
     except ImagenetTrainError as error:
-        errors.append(str(error).replace("--global-batch-size", "train.global_batch_size"))
+        message = str(error).replace("--global-batch-size", "train.global_batch_size")
+        errors.append(message.replace("--grad-accum-steps", "train.grad_accum_steps"))
     return errors

@@ -4,6 +4,7 @@ one it evaluates for ema_top1, and rank 0's is the one saved)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,3 +41,25 @@ def test_every_rank_ends_an_uneven_split_epoch_with_the_same_ema(digit_shards, t
     differ = [key for key in emas[0] if not torch.equal(emas[0][key], emas[1][key])]
     assert not differ, f"the ranks' EMAs differ in {len(differ)} tensors, e.g. {differ[:3]}"
     assert "ema_top1" in record
+
+
+def test_with_gradient_accumulation_the_ema_updates_once_per_optimizer_step_and_stays_identical_on_every_rank(
+    digit_shards, tmp_path
+):
+    run_dir = tmp_path / "run"
+    args = [*SMALL_TRAIN, "--shards", str(digit_shards), "--mode", "split", "--run-dir", str(run_dir)]
+    args += ["--epochs", "1", "--model-ema", "--model-ema-steps", "1", "--warmup-epochs", "0", "--no-tensorboard"]
+    # The global batch is the optimizer's: 192 over 2 ranks x 3 accumulation steps is 32 per rank per batch.
+    result = _torchrun_driver([*args, "--global-batch-size", "192", "--grad-accum-steps", "3"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = json.loads((run_dir / "config.json").read_text())
+    assert written["data"]["batch_size"] == 32
+    assert (written["derived"]["global_batch"], written["derived"]["optimizer_batch"]) == (64, 192)
+    (record,) = read_metrics(run_dir)
+    steps = max(record["batches_per_rank"])
+    assert steps % 3, "the test needs an epoch whose last accumulation group is short"
+    emas = [torch.load(run_dir / f"ema-rank{rank}.pt", weights_only=True) for rank in range(2)]
+    # One update per optimizer step: after every 3rd loader step, and after the epoch's short last group.
+    assert [int(ema["n_averaged"]) for ema in emas] == [-(-steps // 3)] * 2
+    differ = [key for key in emas[0] if not torch.equal(emas[0][key], emas[1][key])]
+    assert not differ, f"the ranks' EMAs differ in {len(differ)} tensors, e.g. {differ[:3]}"

@@ -65,6 +65,45 @@ def test_ema_decay_is_adjusted_for_the_global_batch_the_interval_and_the_epochs(
     assert update_decay(0.9, 1024, 32, 1) == 0.0  # capped: each update copies
 
 
+def test_with_accumulation_the_ema_updates_once_per_optimizer_step_the_epochs_short_last_group_included():
+    model = Tiny()
+    ema = ModelEma(model, 0.5, every=2, warmup=0, accumulate=3).at(0, steps=10)
+    updated = []
+    for step in range(1, 11):  # optimizer steps end after loader steps 3, 6, 9 and the short group's 10
+        _set(model, step)
+        before = int(ema.averaged.n_averaged)
+        ema.after_step(step)
+        if int(ema.averaged.n_averaged) > before:
+            updated.append(step)
+    assert updated == [6, 10]  # every 2nd optimizer step: the 2nd (after step 6) and the 4th (after step 10)
+    assert ema.module.weight.tolist() == [0.5 * 6 + 0.5 * 10] * 2
+
+
+def test_ema_decay_with_accumulation_counts_the_samples_of_each_optimizer_step():
+    # torchvision's adjustment: (1 - decay) x samples per update / epochs, an update per --model-ema-steps optimizer
+    # steps of global batch x accumulation samples: 4 x 256 x 8 x 32 samples over 90 epochs here.
+    assert update_decay(0.99998, 4 * 256 * 8, 32, 90) == pytest.approx(1 - 2e-5 * 4 * 256 * 8 * 32 / 90)
+    cfg = Config()
+    cfg.data.batch_size, cfg.run.epochs, cfg.optim.model_ema, cfg.optim.model_ema_steps = 64, 90, True, 4
+    plain = Schedule.of(cfg, 51_200, None, 4)
+    cfg.optim.grad_accum_steps = 8
+    accumulated = Schedule.of(cfg, 51_200, None, 4)
+    decays = []
+    for schedule in (plain, accumulated):
+        ema = run_ema(Tiny(), cfg.optim, schedule)
+        assert ema is not None and ema.accumulate == schedule.accumulate
+        decays.append(update_decay(cfg.optim.model_ema_decay, schedule.optimizer_batch, 4, 90))
+        model = Tiny()
+        ema.model = model
+        ema.averaged.update_parameters(model)  # copies the weights (0)
+        _set(model, 1.0)
+        ema.averaged.update_parameters(model)  # moves the average 1 - decay towards 1
+        assert float(ema.module.weight[0]) == pytest.approx(1 - decays[-1])
+    # Eight times the samples per update: eight times the step towards the weights (1 - decay), so the average
+    # spans the same data epochs with and without accumulation.
+    assert (1 - decays[1]) == pytest.approx(8 * (1 - decays[0]))
+
+
 IMAGENET_TRAIN = 1_281_167
 
 
@@ -86,7 +125,7 @@ def _span(flags: tuple[str, ...]) -> float:
     _set(model, 1.0)
     ema.averaged.update_parameters(model)  # the second moves the average 1 - decay towards them
     decay = 1 - float(ema.module.weight[0])
-    samples_per_update = schedule.global_batch * cfg.optim.model_ema_steps
+    samples_per_update = schedule.optimizer_batch * cfg.optim.model_ema_steps
     return samples_per_update / (1 - decay) / IMAGENET_TRAIN
 
 
@@ -97,6 +136,14 @@ def _span(flags: tuple[str, ...]) -> float:
         (("--mode", "resampled", "--epochs", "600", "--epoch-batches", "300"), 143.9, 5.6),  # loop epochs of 300 steps
         (("--mode", "resampled", "--total-samples", str(600 * IMAGENET_TRAIN), "--epoch-batches", "300"), 600, 23.4),
         (("--mode", "split", "--epochs", "600", "--epoch-batches", "300"), 143.9, 5.6),  # every rank cut at 300
+        (
+            (
+                "--grad-accum-steps",
+                "4",
+            ),
+            600,
+            23.4,
+        ),  # the recipe's 1,024 per optimizer step: 32 per rank, 4 times
     ],
 )
 def test_ema_horizon_counts_data_epochs_whatever_the_loop_epochs_are(flags, run_epochs, span):

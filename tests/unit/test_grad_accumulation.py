@@ -100,8 +100,18 @@ def test_the_epochs_last_group_is_shorter_when_the_epoch_does_not_divide():
     assert [g.ends for g in groups] == [False, False, True, False, False, True, True]
 
 
-def test_accumulation_with_model_ema_is_refused_in_one_line():
+def test_the_global_batch_is_the_optimizers_so_each_rank_takes_its_share_of_every_accumulated_step():
+    # A 4,096-batch recipe on 4 ranks with 8 accumulation steps: 128 per rank per loader step, 4,096 per optimizer
+    # step, and the LR scaled for 4,096 as without accumulation on 32 ranks.
     cfg = Config()
-    cfg.data.shards, cfg.optim.grad_accum_steps, cfg.optim.model_ema = "shards.json", 2, True
-    with pytest.raises(ImagenetTrainError, match=r"^--grad-accum-steps: not yet with --model-ema"):
-        cfg.validate()
+    cfg.data.global_batch_size, cfg.optim.grad_accum_steps = 4096, 8
+    accumulated = cfg.for_world(4)
+    assert accumulated.data.batch_size == 128
+    schedule = Schedule.of(accumulated, train_samples=409_600, train_sizes=None, world=4)
+    assert schedule.optimizer_batch == 4096 and schedule.global_batch == 512
+    cfg.optim.grad_accum_steps = 1
+    wide = Schedule.of(cfg.for_world(32), train_samples=409_600, train_sizes=None, world=32)
+    assert wide.optimizer_batch == 4096 and schedule.base_lr == pytest.approx(wide.base_lr)
+    cfg.optim.grad_accum_steps = 3
+    with pytest.raises(ImagenetTrainError, match=r"^--global-batch-size: 4096 does not divide over 4 ranks x 3 --gra"):
+        cfg.for_world(4)

@@ -60,7 +60,8 @@ PLAN_SETTINGS = tuple(f.name for f in dataclasses.fields(PlanOptions) if "settin
 def _settings(args: argparse.Namespace) -> None:
     """Fill each training setting plan takes: the flag given, else the --config file's value, else the default.
 
-    A --config FILE that sets global_batch_size (a recipe) gives each of the planned ranks its share."""
+    A --config FILE that sets global_batch_size (a recipe) gives each of the planned ranks its share (of each
+    loader step, when it sets grad_accum_steps too)."""
     from imagenet_train.config import defaults
     from imagenet_train.config_files import load_settings
 
@@ -70,13 +71,15 @@ def _settings(args: argparse.Namespace) -> None:
         if not hasattr(args, name):
             setattr(args, name, chosen.get(name, default[name]))
     total, world = chosen.get("global_batch_size", 0), args.nodes * args.gpus_per_node
+    accumulate = chosen.get("grad_accum_steps", 1)  # the global batch is the optimizer's (Config.for_world)
     if total and "batch_size" not in args.given:
-        if total % world:
+        if total % (world * accumulate):
             raise ImagenetTrainError(
                 f"--config {args.config_file}: global_batch_size {total} does not divide over {world} ranks "
-                f"(--nodes x --gpus-per-node); expected a multiple of {world}"
+                f"(--nodes x --gpus-per-node) x {accumulate} grad_accum_steps; expected a multiple of "
+                f"{world * accumulate}"
             )
-        args.batch_size = total // world
+        args.batch_size = total // (world * accumulate)
 
 
 def _plan_setup(args: argparse.Namespace) -> None:

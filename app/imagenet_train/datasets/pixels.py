@@ -3,13 +3,18 @@
 A JPEG's header may claim 65535 x 65535 px in a file of a few MB (a flat image compresses to ~2 bits per
 8x8 block), and a decoder allocates width x height x 3 bytes before it reads a single block. Every decoder
 path (simplejpeg, PIL, fused PyTurboJPEG, the DALI hand-over, and `shards`) checks the header's size here
-first, so a worker's memory per image is bounded by the cap, whatever the shard says.
+first, so a worker's memory per image is bounded by the cap, whatever the shard says. Here too: what a decode
+failure is (CorruptImage, data damage), told apart from a failure of the augmentation after it (a program error).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
-from typing import TYPE_CHECKING
+import struct
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -25,12 +30,52 @@ DECODE_FORMATS = ("JPEG",)
 REENCODE_FORMATS = ("JPEG", "PNG")
 
 
-class ImageTooLarge(ValueError):
+class CorruptImage(ValueError):
+    """Image bytes that do not decode: damaged or hostile data, a corrupt sample in training (counted, skipped).
+
+    Only the decode raises it; an error of the augmentation after it is a program or settings error instead."""
+
+
+class ImageTooLarge(CorruptImage):
     """An image whose header claims more pixels than the cap allows."""
 
 
-class UnsupportedFormat(ValueError):
+class UnsupportedFormat(CorruptImage):
     """Bytes that are not an image of an allowed format (or not readable as one)."""
+
+
+# What the decoders raise on damaged bytes: PIL OSError (UnidentifiedImageError, "image file is truncated", a
+# decoder error), SyntaxError from a plugin's header parser, EOFError and struct.error from a cut header,
+# ValueError; simplejpeg ValueError; PyTurboJPEG OSError. PIL's DecompressionBombError is added where it is
+# imported (decoding), so that config.py, which imports this module for the cap, does not load PIL.
+DECODE_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, SyntaxError, EOFError, struct.error)
+
+
+@contextlib.contextmanager
+def decoding() -> Iterator[None]:
+    """Around a decoder's calls: a decoder error (data damage) comes out as CorruptImage, anything else as it is."""
+    from PIL import Image
+
+    try:
+        yield
+    except CorruptImage:
+        raise
+    except (*DECODE_ERRORS, Image.DecompressionBombError) as error:
+        raise CorruptImage(f"{type(error).__name__}: {error}") from error
+
+
+Decode = TypeVar("Decode", bound=Callable)
+
+
+def decoder(function: Decode) -> Decode:
+    """A decode function whose decoder errors (data damage) come out as CorruptImage."""
+
+    @functools.wraps(function)
+    def decode(*args, **kwargs):
+        with decoding():
+            return function(*args, **kwargs)
+
+    return decode  # type: ignore[return-value]
 
 
 def check_pixels(width: int, height: int, limit: int) -> None:

@@ -92,6 +92,7 @@ def train_loader(
         seed=cfg.run.seed,
         reading=shard_reading(data, source),
         num_classes=source.num_classes,
+        max_corrupt_streak=data.max_corrupt_streak,
         ra_reps=max(1, data.ra_reps),
     )
     pin = device.type == "cuda" and data.decoder != Decoder.DALI
@@ -126,6 +127,7 @@ def val_loader(cfg: Any, rank: int, world: int, device: torch.device, source: Da
         shuffle_buffer=0,
         reading=shard_reading(data, source),
         num_classes=source.num_classes,
+        max_corrupt_streak=data.max_corrupt_streak,
     )
     pin = device.type == "cuda" and data.decoder != Decoder.DALI
     return EpochLoader(stream, data.workers, pin_memory=pin, timeout=data.loader_timeout)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_image
+from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_image, decoding
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.normalize import IMAGENET_MEAN, IMAGENET_STD
 from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, Interpolation
@@ -38,7 +38,8 @@ def jpeg_bytes(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
     memory); so the pixel cap is applied here, in the loader's worker, from the header (~1 us), and an
     oversize image is skipped and counted as a corrupt sample before it ever reaches DALI.
     """
-    check_image(data, max_pixels)
+    with decoding():  # a header that does not parse is a corrupt sample too
+        check_image(data, max_pixels)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 

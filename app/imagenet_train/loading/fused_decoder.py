@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
+from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, decoding, open_checked
 from imagenet_train.loading.crop_boxes import Box, random_resized_crop_box
 from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, Interpolation
 
@@ -85,24 +85,38 @@ class FusedCropDecoder:
         return FusedCropDecoder(size, self.scale, self.hflip, self.max_pixels, self.interpolation)
 
     def __call__(self, data: bytes) -> torch.Tensor:
-        try:
-            width, height, subsample, colorspace = self.jpeg.decode_header(data)
-        except OSError:
-            width = 0
-        else:
-            check_pixels(width, height, self.max_pixels)  # before either path allocates for the image
-        if not width or colorspace in (TJCS_CMYK, TJCS_YCCK) or subsample not in MCU or SOF2 in data[:65536]:
-            image, box = self._plain(data)
-        else:
-            box = random_resized_crop_box(height, width, self.scale)
-            image = self.crop(data, box, (width, height), MCU[subsample])
-        out = image
+        jpeg = self.jpeg  # loaded outside `decoding`: a library that fails to load is no damage of the data
+        with decoding():  # the decode's errors are a corrupt sample; the resize's after it are not
+            try:
+                width, height, subsample, colorspace = jpeg.decode_header(data)
+            except OSError:
+                width = 0
+            else:
+                check_pixels(width, height, self.max_pixels)  # before either path allocates for the image
+            if not width or colorspace in (TJCS_CMYK, TJCS_YCCK) or subsample not in MCU or SOF2 in data[:65536]:
+                decoded, region = self._plain(data)
+            else:
+                decoded, region = self._fused(data, (width, height), MCU[subsample])
+        out = resize_box(decoded, region, self.size, self.interpolation)
         if self.hflip and torch.rand(1).item() < 0.5:
             out = out.flip(-1)
         return out
 
     def crop(self, data: bytes, box: Box, image_size: tuple[int, int], mcu: tuple[int, int]) -> torch.Tensor:
         """The box of this JPEG resized to size x size, via lossless crop + DCT-scaled decode."""
+        with decoding():
+            decoded, region = self._decode_box(data, box, image_size, mcu)
+        return resize_box(decoded, region, self.size, self.interpolation)
+
+    def _fused(self, data: bytes, image_size: tuple[int, int], mcu: tuple[int, int]) -> tuple[np.ndarray, tuple]:
+        """A random box drawn from the header's size, and only that box decoded."""
+        box = random_resized_crop_box(image_size[1], image_size[0], self.scale)
+        return self._decode_box(data, box, image_size, mcu)
+
+    def _decode_box(
+        self, data: bytes, box: Box, image_size: tuple[int, int], mcu: tuple[int, int]
+    ) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+        """The box's MCU-aligned crop of this JPEG decoded at the DCT scale, and where the box lies in it."""
         width, height = image_size
         self.jpeg  # noqa: B018 - loads the library and its scaling factors
         left, top = box.left - box.left % mcu[0], box.top - box.top % mcu[1]
@@ -119,17 +133,15 @@ class FusedCropDecoder:
         decoded = self.jpeg.decode(data, pixel_format=TJPF_RGB, scaling_factor=(factor.numerator, factor.denominator))
         f = float(factor)
         region = ((box.left - left) * f, (box.top - top) * f, (right - left) * f, (bottom - top) * f)
-        region = (region[0], region[1], min(region[2], decoded.shape[1]), min(region[3], decoded.shape[0]))
-        return resize_box(decoded, region, self.size, self.interpolation)
+        return decoded, (region[0], region[1], min(region[2], decoded.shape[1]), min(region[3], decoded.shape[0]))
 
-    def _plain(self, data: bytes) -> tuple[torch.Tensor, Box]:
-        """Full decode (PIL handles CMYK and progressive JPEGs), then the same crop."""
+    def _plain(self, data: bytes) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+        """Full decode (PIL handles CMYK and progressive JPEGs), and the same crop's box in it."""
         self.fallbacks += 1
         with open_checked(data, self.max_pixels) as image:
             array = np.asarray(image.convert("RGB"))
         box = random_resized_crop_box(array.shape[0], array.shape[1], self.scale)
-        region = (box.left, box.top, box.left + box.width, box.top + box.height)
-        return resize_box(array, region, self.size, self.interpolation), box
+        return array, (box.left, box.top, box.left + box.width, box.top + box.height)
 
 
 def available() -> bool:

@@ -9,6 +9,11 @@ from enum import Enum
 
 CROP_SIZE = 224  # training crop (and evaluation crop unless set apart), in pixels (ResNet-50's ImageNet recipe)
 MIN_CROP_SCALE = 0.08  # the smallest area fraction RandomResizedCrop keeps (torchvision's default)
+# Corrupt samples in a row that stop a worker (--max-corrupt-streak). Damage is rare and scattered: a tar that
+# breaks is a broken shard, not corrupt samples, and a shuffle buffer (or the resampled mode's interleave) spreads
+# even a wholly undecodable shard of `shards`' 1,000 samples out. A thousand in a row means nothing decodes: data
+# that is not JPEG, or a decoder that cannot work here. At the ~20 us a refused header costs, it is found at once.
+MAX_CORRUPT_STREAK = 1000
 
 
 class Decoder(str, Enum):

@@ -12,7 +12,7 @@ import simplejpeg
 import torch
 
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, open_checked
+from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, decoder, open_checked
 from imagenet_train.loading.augment import after_crop, interpolation_mode
 from imagenet_train.loading.crop_boxes import random_resized_crop_box
 from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, Decoder, Interpolation
@@ -23,16 +23,20 @@ from torchvision.transforms import v2  # noqa: E402
 from torchvision.transforms.v2 import functional  # noqa: E402
 
 
+@decoder
 def decode_pil(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
-    """JPEG bytes to a uint8 CHW RGB tensor by PIL (other formats and images above `max_pixels` refused)."""
+    """JPEG bytes to a uint8 CHW RGB tensor by PIL (other formats and images above `max_pixels` refused); damaged
+    bytes raise CorruptImage."""
     with open_checked(data, max_pixels) as image:
         array = np.asarray(image.convert("RGB"))
     return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
 
 
+@decoder
 def decode_rgb(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
     """JPEG bytes to a uint8 CHW RGB tensor; libjpeg-turbo first, PIL (JPEG plugin only) as fallback.
-    An image over `max_pixels` is refused from its header (ImageTooLarge) before anything is decoded."""
+    An image over `max_pixels` is refused from its header (ImageTooLarge) before anything is decoded; damaged bytes
+    raise CorruptImage."""
     try:
         height, width, _, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError:

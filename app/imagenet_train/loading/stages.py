@@ -14,13 +14,14 @@ from typing import BinaryIO
 import torch
 from torch.utils.data import get_worker_info
 
+from imagenet_train.datasets.pixels import CorruptImage
 from imagenet_train.datasets.source import ShardInfo
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import storage, tarstream
 from imagenet_train.io.cache import open_cached, open_verified
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
 from imagenet_train.io.resumable import IO_TIMEOUT
-from imagenet_train.loading.options import BrokenShardPolicy
+from imagenet_train.loading.options import MAX_CORRUPT_STREAK, BrokenShardPolicy
 
 log = logging.getLogger(__name__)
 
@@ -297,40 +298,82 @@ def interleaved(streams: Sequence[Iterator], rng: random.Random) -> Iterator:
             active.pop(slot)
 
 
+class CorruptSample(ValueError):
+    """A sample with a member missing or a .cls that is not a class of this dataset (counted, skipped)."""
+
+
 def class_label(data: bytes, num_classes: int) -> int:
     """A sample's class from its .cls bytes: a whole number from 0 to `num_classes` - 1 (0: any int64 >= 0).
 
     A shard's label is untrusted: one out of range ends a step in the loss (a device-side assert on a GPU),
-    one past int64 ends the collate; here either is a ValueError, so a corrupt sample.
+    one past int64 ends the collate; here either is a CorruptSample, counted and skipped.
     """
     if len(data) > 64:
-        raise ValueError(f".cls of {len(data)} bytes; expected a class number")
-    label = int(data)
+        raise CorruptSample(f".cls of {len(data)} bytes; expected a class number")
+    try:
+        label = int(data)
+    except ValueError:
+        raise CorruptSample(f".cls {clip(data)}; expected a class number") from None
     top = num_classes or 1 << 63
     if not 0 <= label < top:
-        raise ValueError(f"class {clip(label)} out of range; expected 0 to {top - 1}")
+        raise CorruptSample(f"class {clip(label)} out of range; expected 0 to {top - 1}")
     return label
 
 
 def decoded(
-    samples: Iterable[dict], transform: Callable, counters: DamageCounters, num_classes: int = 0
+    samples: Iterable[dict],
+    transform: Callable,
+    counters: DamageCounters,
+    num_classes: int = 0,
+    max_streak: int = MAX_CORRUPT_STREAK,
 ) -> Iterator[tuple]:
-    """(uint8 image, label, key) per sample from `transform(jpeg bytes)`; undecodable samples and labels
-    outside 0..`num_classes`-1 are skipped, logged and counted."""
+    """(uint8 image, label, key) per sample from `transform(jpeg bytes)`.
+
+    Damaged data is skipped, logged and counted: a missing member, a label outside 0..`num_classes`-1, an image
+    that does not decode (CorruptImage). Any other error of the transform, which fails on every sample alike (a
+    bug, a setting the augmentation cannot do), stops the run in one line naming the sample. So does data of which
+    nothing decodes: `max_streak` corrupt samples in a row, or a stream that ends without one good sample (0: never).
+    """
+    streak = seen = 0
+    damage: Exception | None = None  # the last corrupt sample's
     for sample in samples:
+        key, url = sample.get("__key__"), sample.get("__url__")
+        seen += 1
         try:
-            image = transform(sample["jpg"])
+            missing = [member for member in ("jpg", "cls") if member not in sample]
+            if missing:
+                raise CorruptSample(f"missing .{missing[0]}")
             label = class_label(sample["cls"], num_classes)
-        except Exception as error:  # any bad sample: PIL, libjpeg and parsing errors alike
+            image = transform(sample["jpg"])
+        except (CorruptImage, CorruptSample) as error:
             counters.add(DamageCounters.CORRUPT)
-            log.warning(
-                "skipping corrupt sample %s in %s: %s",
-                sample.get("__key__"),
-                sample.get("__url__"),
-                error if not isinstance(error, KeyError) else f"missing {error}",
-            )
+            log.warning("skipping corrupt sample %s in %s: %s", key, url, error)
+            streak, damage = streak + 1, error
+            if max_streak and streak >= max_streak:
+                raise ImagenetTrainError(
+                    _nothing_decodes(url, f"{streak} samples in a row are corrupt", error)
+                ) from None
             continue
-        yield image, label, sample["__key__"]
+        except ImagenetTrainError:
+            raise
+        except Exception as error:
+            raise ImagenetTrainError(
+                f"sample {clip(key)} in {clip(url, 200)}: the transform failed after the image decoded "
+                f"({clip(f'{type(error).__name__}: {error}', 200)}); expected augmentation settings that work on "
+                "every image: a program or settings error, not damaged data"
+            ) from error
+        streak = 0
+        yield image, label, key
+    if max_streak and seen and streak == seen:
+        raise ImagenetTrainError(_nothing_decodes(url, f"none of the {seen} samples read is usable", damage))
+
+
+def _nothing_decodes(url: str | None, what: str, error: Exception | None) -> str:
+    """The line that stops a worker whose data does not decode."""
+    return (
+        f"{clip(url, 200)}: {what} (the last: {clip(str(error), 120)}); expected JPEG images with a class each: "
+        "is this the right data and --decoder? (--max-corrupt-streak sets when this stops the run)"
+    )
 
 
 def collate(samples: Sequence[tuple]) -> Batch:

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import storage
 from imagenet_train.loading.epochstate import EpochState, EpochStateFile, read_epoch_state
+from imagenet_train.loading.options import MAX_CORRUPT_STREAK
 from imagenet_train.loading.sized import at_size
 from imagenet_train.loading.stages import (
     Batch,
@@ -73,6 +74,7 @@ class ShardStream(IterableDataset):
     crop_size: int = 0  # this epoch's train crop size, set on `transform` (0: the transform's own)
     num_classes: int = 0  # labels from 0 to num_classes - 1 are used, others are corrupt samples (0: any)
     ra_reps: int = 1  # split/queue: repeated augmentation (plan.repeated_order)
+    max_corrupt_streak: int = MAX_CORRUPT_STREAK  # corrupt samples in a row that stop a worker (stages.decoded)
 
     def __post_init__(self):
         self.damage = DamageCounters(worker_context())
@@ -137,7 +139,9 @@ class ShardStream(IterableDataset):
         if self.shuffle_buffer > 1:
             samples = shuffled(samples, self.shuffle_buffer, rng)
         batches = batched(
-            decoded(samples, at_size(self.transform, self.crop_size), self.damage, self.num_classes),
+            decoded(
+                samples, at_size(self.transform, self.crop_size), self.damage, self.num_classes, self.max_corrupt_streak
+            ),
             self.batch_size,
             partial=not self.resampled,
             collate_fn=self.collate_fn or collate,

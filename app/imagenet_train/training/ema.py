@@ -18,38 +18,43 @@ PREFIX = "ema_"  # of the EMA's evaluation keys in the epoch record: ema_top1, e
 FINAL = "final.pt"  # RUN_DIR/final.pt: the final weights as a plain state dict
 
 
-def update_decay(decay: float, global_batch: int, every: int, epochs: float) -> float:
+def update_decay(decay: float, optimizer_batch: int, every: int, epochs: float) -> float:
     """The decay per EMA update for `decay` given per sample-epoch, as torchvision's reference adjusts it:
-    1 - min(1, (1 - decay) x global batch x steps per update / epochs), `epochs` in data epochs (passes over the
-    training set): the average then spans epochs / ((1 - decay) x training samples) of them."""
-    return 1.0 - min(1.0, (1.0 - decay) * global_batch * every / epochs)
+    1 - min(1, (1 - decay) x samples per update / epochs), where an update comes every `every` optimizer steps of
+    `optimizer_batch` samples (over all ranks, --grad-accum-steps included) and `epochs` are data epochs (passes
+    over the training set): the average then spans epochs / ((1 - decay) x training samples) of them."""
+    return 1.0 - min(1.0, (1.0 - decay) * optimizer_batch * every / epochs)
 
 
 class ModelEma(StepHook):
-    """The EMA of a model's weights and buffers, updated every `every` steps; during the first `warmup` steps
-    of the run (the LR warmup) each update copies the weights instead of averaging them.
+    """The EMA of a model's weights and buffers, updated after every `every`th optimizer step (timm's, one per
+    optimizer step with gradient accumulation); during the first `warmup` loader steps of the run (the LR warmup)
+    each update copies the weights instead of averaging them.
 
-    One object serves the whole run: `at(first_step)` tells it where the coming epoch starts in the run."""
+    One object serves the whole run: `at(first_step, steps)` tells it where the coming epoch starts in the run and
+    how many loader steps it has, so it knows which steps end an accumulation group (Schedule.accumulation's)."""
 
-    def __init__(self, model: torch.nn.Module, decay: float, every: int, warmup: int):
-        self.model, self.every, self.warmup = model, every, warmup
+    def __init__(self, model: torch.nn.Module, decay: float, every: int, warmup: int, accumulate: int = 1):
+        self.model, self.every, self.warmup, self.accumulate = model, every, warmup, accumulate
         self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
         self.averaged.eval()
         self.offset = 0  # the run's step at the start of the current epoch
+        self.steps = 0  # loader steps in the current epoch (0: not known; groups then end every `accumulate`)
 
     @property
     def module(self) -> torch.nn.Module:
         """The averaged copy of the model, for evaluation and the final weights."""
         return self.averaged.module
 
-    def at(self, first_step: int) -> ModelEma:
-        """This hook for an epoch whose step 0 is the run's step `first_step`."""
-        self.offset = first_step
+    def at(self, first_step: int, steps: int = 0) -> ModelEma:
+        """This hook for an epoch of `steps` loader steps whose step 0 is the run's step `first_step`."""
+        self.offset, self.steps = first_step, steps
         return self
 
     def after_step(self, step: int) -> bool:
-        """Update the average after every `every`th step of the epoch."""
-        if step % self.every == 0:
+        """Update the average after every `every`th optimizer step of the epoch; `step` loader steps are done."""
+        ends_group = step % self.accumulate == 0 or step == self.steps  # an epoch's last group may be shorter
+        if ends_group and -(-step // self.accumulate) % self.every == 0:
             self.averaged.update_parameters(self.model)
             if self.offset + step <= self.warmup:
                 self.averaged.n_averaged.zero_()  # the next update copies again
@@ -65,14 +70,14 @@ class ModelEma(StepHook):
 
 
 def run_ema(model: torch.nn.Module, optim: Any, schedule: Any) -> ModelEma | None:
-    """A run's EMA under --model-ema (None without): the decay per update adjusted for the run's global batch and
+    """A run's EMA under --model-ema (None without): the decay per update adjusted for the run's optimizer batch and
     length in data epochs (not loop epochs: --epoch-batches and --total-samples change those), copying during the
     LR warmup (its steps as Schedule.lr counts them). `optim` is config's OptimConfig,
     `schedule` the run's planning Schedule."""
     if not optim.model_ema:
         return None
-    decay = update_decay(optim.model_ema_decay, schedule.global_batch, optim.model_ema_steps, schedule.data_epochs)
-    return ModelEma(model, decay, optim.model_ema_steps, schedule.warmup_steps)
+    decay = update_decay(optim.model_ema_decay, schedule.optimizer_batch, optim.model_ema_steps, schedule.data_epochs)
+    return ModelEma(model, decay, optim.model_ema_steps, schedule.warmup_steps, schedule.accumulate)
 
 
 def ema_scores(record: dict) -> dict:

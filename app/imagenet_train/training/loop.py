@@ -146,7 +146,8 @@ class Trainer:
     def _hooks(self, epoch: int, position: Position) -> list[StepHook]:
         """This epoch's per-step extras; the vote comes last, after every hook that may fail has run."""
         info, run, start = self.info, self.cfg.run, position.step
-        hooks: list[StepHook] = [self.ema.at(epoch * self.schedule.interval)] if self.ema else []
+        steps = self.schedule.epoch_batches(epoch)
+        hooks: list[StepHook] = [self.ema.at(epoch * self.schedule.interval, steps)] if self.ema else []
         if self.exact:
             hooks.append(PositionLog(self.run_dir, epoch, info.rank, start, self.vote))
         if run.log_keys:
@@ -154,10 +155,7 @@ class Trainer:
         if run.checkpoint_every and info.is_main:
             hooks.append(
                 MidEpochCheckpoint(
-                    run.checkpoint_every,
-                    self.schedule.epoch_batches(epoch),
-                    lambda step: self._checkpoint_inside(position, step),
-                    self.vote,
+                    run.checkpoint_every, steps, lambda step: self._checkpoint_inside(position, step), self.vote
                 )
             )
         return [*hooks, StopVote(self.vote)]
