@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
+from imagenet_train.choices import WeightsHead
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.config import RunConfig, WeightsHead
+from imagenet_train.config import RunConfig
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.training import models
 

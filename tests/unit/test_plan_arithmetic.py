@@ -50,7 +50,7 @@ def test_split_epoch_counts_every_sample_once_and_batches_per_worker(sizes, worl
 
 @pytest.mark.parametrize(("samples", "expected"), [(0, (0, 0)), (1, (0, 1)), (16, (1, 0)), (17, (1, 0)), (18, (1, 1))])
 def test_a_lone_leftover_sample_joins_the_last_full_batch(samples, expected):
-    from imagenet_train.loading.stages import batched
+    from imagenet_train.loading.batching import batched
 
     assert plan.batches_for(samples, 16) == expected
     sizes = [len(batch) for batch in batched(range(samples), 16, partial=True, collate_fn=list)]
@@ -61,8 +61,8 @@ def test_a_lone_leftover_sample_joins_the_last_full_batch(samples, expected):
 @settings(max_examples=300, deadline=None)
 def test_a_worker_tail_is_never_a_batch_below_half_the_batch_size(samples, batch):
     # A worker's last batch of a few samples trained on BatchNorm statistics of those few: the digits demo in
-    # queue mode fell from top-1 0.98 to 0.91, through epochs at chance (stages.batched's docstring).
-    from imagenet_train.loading.stages import batched
+    # queue mode fell from top-1 0.98 to 0.91, through epochs at chance (batching.batched's docstring).
+    from imagenet_train.loading.batching import batched
 
     made = list(batched(range(samples), batch, partial=True, collate_fn=list))
     assert sorted(i for b in made for i in b) == list(range(samples))  # every sample once, in one batch

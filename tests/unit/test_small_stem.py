@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from imagenet_train.choices import Stem
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.config import RunConfig, Stem
+from imagenet_train.config import RunConfig
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.training import models
 

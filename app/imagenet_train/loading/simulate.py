@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 from imagenet_train.datasets.source import ShardInfo
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.loading.batching import batched
 from imagenet_train.loading.options import BrokenShardPolicy
-from imagenet_train.loading.stages import ShardReading, batched, read_shards
+from imagenet_train.loading.stages import ShardReading, read_shards
 from imagenet_train.loading.stream import ShardStream
 from imagenet_train.planning import plan
 from imagenet_train.planning.plan import Mode

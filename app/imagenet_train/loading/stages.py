@@ -11,9 +11,6 @@ from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
-import torch
-from torch.utils.data import get_worker_info
-
 from imagenet_train.datasets.pixels import CorruptImage
 from imagenet_train.datasets.source import ShardInfo
 from imagenet_train.errors import ImagenetTrainError, clip
@@ -24,9 +21,6 @@ from imagenet_train.io.resumable import IO_TIMEOUT
 from imagenet_train.loading.options import MAX_CORRUPT_STREAK, BrokenShardPolicy
 
 log = logging.getLogger(__name__)
-
-
-Batch = tuple[torch.Tensor, torch.Tensor, list]
 
 
 class BrokenShard(Exception):
@@ -374,45 +368,3 @@ def _nothing_decodes(url: str | None, what: str, error: Exception | None) -> str
         f"{clip(url, 200)}: {what} (the last: {clip(str(error), 120)}); expected JPEG images with a class each: "
         "is this the right data and --decoder? (--max-corrupt-streak sets when this stops the run)"
     )
-
-
-def collate(samples: Sequence[tuple]) -> Batch:
-    """Stack (image, label, key) samples into (images, labels, keys).
-
-    In a DataLoader worker the batch is stacked straight into shared memory (as torch's default_collate
-    does), instead of being copied there again when it is sent to the training process.
-    """
-    first = samples[0][0]
-    out = None
-    if get_worker_info() is not None:
-        storage = first._typed_storage()._new_shared(first.numel() * len(samples), device=first.device)
-        out = first.new(storage).resize_(len(samples), *first.shape)
-    images = torch.stack([s[0] for s in samples], out=out)
-    labels = torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
-    return images, labels, [s[2] for s in samples]
-
-
-def batched(samples: Iterable, batch_size: int, partial: bool, collate_fn: Callable = collate) -> Iterator:
-    """Group samples into batches; the samples left after the last full batch are kept only when `partial`.
-
-    Kept, they never form a short batch of their own: a lone sample joins the last full batch (plan.batches_for
-    agrees), and two or more are pooled with it and split into two batches of at least half the batch size.
-    A last batch of a few samples (a worker's share rarely divides evenly) trained the model on BatchNorm
-    statistics of a few images: on small images, where the last stage's maps are 1x1, one such step per epoch
-    sent the digits demo in queue mode from top-1 0.98 to 0.91 and through epochs at chance.
-    """
-    pending: list = []
-    held: list | None = None  # the last full batch, held back until we know what follows it
-    for sample in samples:
-        pending.append(sample)
-        if len(pending) == batch_size:
-            if held is not None:
-                yield collate_fn(held)
-            held, pending = pending, []
-    if partial and pending and held is not None:
-        pooled = held + pending
-        held, pending = (pooled, []) if len(pending) == 1 else (pooled[: len(pooled) // 2], pooled[len(pooled) // 2 :])
-    if held is not None:
-        yield collate_fn(held)
-    if pending and partial:
-        yield collate_fn(pending)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
+from imagenet_train.choices import DEFAULT_DROP_PATH, Stem, WeightsHead
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.config import DEFAULT_DROP_PATH, RunConfig, Stem, WeightsHead
+from imagenet_train.config import RunConfig
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.training.checkpoint import load_weights
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from imagenet_train.config import Amp
+from imagenet_train.choices import Amp
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.normalize import normalize
 from imagenet_train.planning.resolution import CropSchedule
@@ -58,7 +58,7 @@ class CompiledForward:
     """--compile: the module compiled once per train crop size, each a static graph (dynamic=False). torch's
     default (dynamic=None) turns the second size into one dynamic-shape graph that every later size shares, and a
     short last batch into a dynamic batch dimension; here a batch that is not full runs the module uncompiled
-    (at most two per loader worker and epoch, in split and queue modes: stages.batched's tail), so it compiles
+    (at most two per loader worker and epoch, in split and queue modes: batching.batched's tail), so it compiles
     nothing."""
 
     def __init__(self, module: torch.nn.Module, batch_size: int, sizes: int, backend: str | Callable = "inductor"):

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from imagenet_train.config import RunConfig, Tracker
+from imagenet_train.choices import Tracker
+from imagenet_train.config import RunConfig
 from imagenet_train.errors import ImagenetTrainError, clip, one_line
 from imagenet_train.io.atomic import atomic_write
 

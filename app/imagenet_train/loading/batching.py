@@ -1,0 +1,53 @@
+"""Samples into batches: the (image, label, key) triples a worker decoded, stacked into shared memory, with a
+worker's leftover samples never a short batch of their own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch.utils.data import get_worker_info
+
+Batch = tuple[torch.Tensor, torch.Tensor, list]
+
+
+def collate(samples: Sequence[tuple]) -> Batch:
+    """Stack (image, label, key) samples into (images, labels, keys).
+
+    In a DataLoader worker the batch is stacked straight into shared memory (as torch's default_collate
+    does), instead of being copied there again when it is sent to the training process.
+    """
+    first = samples[0][0]
+    out = None
+    if get_worker_info() is not None:
+        storage = first._typed_storage()._new_shared(first.numel() * len(samples), device=first.device)
+        out = first.new(storage).resize_(len(samples), *first.shape)
+    images = torch.stack([s[0] for s in samples], out=out)
+    labels = torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
+    return images, labels, [s[2] for s in samples]
+
+
+def batched(samples: Iterable, batch_size: int, partial: bool, collate_fn: Callable = collate) -> Iterator:
+    """Group samples into batches; the samples left after the last full batch are kept only when `partial`.
+
+    Kept, they never form a short batch of their own: a lone sample joins the last full batch (plan.batches_for
+    agrees), and two or more are pooled with it and split into two batches of at least half the batch size.
+    A last batch of a few samples (a worker's share rarely divides evenly) trained the model on BatchNorm
+    statistics of a few images: on small images, where the last stage's maps are 1x1, one such step per epoch
+    sent the digits demo in queue mode from top-1 0.98 to 0.91 and through epochs at chance.
+    """
+    pending: list = []
+    held: list | None = None  # the last full batch, held back until we know what follows it
+    for sample in samples:
+        pending.append(sample)
+        if len(pending) == batch_size:
+            if held is not None:
+                yield collate_fn(held)
+            held, pending = pending, []
+    if partial and pending and held is not None:
+        pooled = held + pending
+        held, pending = (pooled, []) if len(pending) == 1 else (pooled[: len(pooled) // 2], pooled[len(pooled) // 2 :])
+    if held is not None:
+        yield collate_fn(held)
+    if pending and partial:
+        yield collate_fn(pending)
