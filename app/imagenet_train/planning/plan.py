@@ -238,6 +238,12 @@ def _assess_resampled(setup: Setup, ranks: list[RankPlan]) -> Assessment:
         level = Verdict.HANG
         reason = f"{total} samples cannot fill one batch of {setup.batch_size} on {setup.world} ranks"
         fix = "lower --batch-size or set --epoch-batches"
+    elif empty := sum(1 for size in setup.shard_sizes if size == 0):
+        # Draws with replacement meet empty shards in runs of random length; the loader stops a stream after
+        # 2 x shards + 8 of them in a row (it cannot tell an index of empty shards from a dead source).
+        level = Verdict.WARN
+        reason = f"{empty} of {len(setup.shard_sizes)} shards are empty: resampled draws may stop on a run of them"
+        fix = "drop the empty shards from the index (`imagenet-train shards` writes none) or use --mode split"
     elif consumed > total:
         level = Verdict.WARN
         reason = f"an epoch draws {consumed} samples from {total}: {consumed - total} repeats per epoch"
