@@ -146,6 +146,7 @@ def test_a_trainjob_with_the_trainers_status_variables_reports_progress_to_100(
             outcome, _ = release.train(values("trainjob", "nginx", run, emulator, epochs=2))
         finally:
             cluster.trainer_status = None
+    assert outcome.state == "Succeeded", (outcome.reason, [(pod, log[-3000:]) for pod, log in outcome.logs])
     trained(outcome)
     assert server.received.problems == []
     percentages = server.received.percentages()
