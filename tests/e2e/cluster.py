@@ -111,6 +111,7 @@ class Cluster:
         self.names: dict[str, str] = {}  # DNS name -> IP (headless Services, operators' Services)
         self.proxies: dict[int, ServiceProxy] = {}
         self.kubelet = Kubelet(self)
+        self.trainer_status = None  # Kubeflow Trainer's TrainJobStatus gate: a controllers.StatusGate when on
 
     # -- objects -------------------------------------------------------------------------------------
     def apply(self, documents: list[dict]) -> list[dict]:
@@ -138,6 +139,11 @@ class Cluster:
         if found is None:
             raise Refused(f"{kind} {name}: not rendered by the release (an object the pod needs)")
         return found
+
+    def service_account_token(self, audience: str) -> str:
+        """The token a projected serviceAccountToken volume gets for `audience` (no API server here to issue a
+        JWT: the session's prefix and the audience, which the stand-in status server checks)."""
+        return f"{self.prefix}.{audience}"
 
     def claim(self, name: str) -> str:
         """The podman volume behind a PersistentVolumeClaim of the release."""

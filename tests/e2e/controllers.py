@@ -15,6 +15,9 @@ kubelet, restartPolicy), which replaces a pod or the whole set, and which fails 
 - TrainJob (trainer v2.2 torch plugin): PET_NNODES, PET_NPROC_PER_NODE ("auto" becomes the CPU request without
   GPUs), PET_NODE_RANK (fieldRef to the completion index), PET_MASTER_ADDR NAME-node-0-0.NAME, PET_MASTER_PORT
   29500; the runtime's JobSet with the TrainJob's trainer fields and the runtimePatches merged in.
+  With the TrainJobStatus feature gate (the cluster's `trainer_status`; v2.2 trainjobstatus plugin):
+  KUBEFLOW_TRAINER_SERVER_URL/_CA_CERT/_TOKEN and the projected volume behind the last two, plus the
+  NAME-tls-config ConfigMap holding the CA.
 A custom resource is admitted first as a real API server with the operators installed admits it (its CRD's
 CEL rules and the operator's webhooks, tests/k8s_rules): what a real cluster refuses is Denied at creation.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
 
 from k8s_rules import admission
 from k8s_rules.trainer import TORCH_DISTRIBUTED
@@ -516,8 +520,59 @@ def strategic_merge(base, patch, key: str = ""):
     return copy.deepcopy(patch)
 
 
-def trainjob_to_jobset(document: dict) -> dict:
-    """The JobSet Kubeflow Trainer makes of a TrainJob on the torch-distributed runtime (after admitting it)."""
+# -- Kubeflow Trainer v2.2+: the TrainJobStatus plugin (pkg/runtime/framework/plugins/trainjobstatus) ---------
+STATUS_MOUNT = "/var/run/secrets/kubeflow/trainer"
+STATUS_VOLUME = "kubeflow-trainer-token"
+
+
+@dataclass(frozen=True)
+class StatusGate:
+    """The TrainJobStatus feature gate on: where the controller's status server listens (its Service's
+    https://HOST:PORT) and the CA that signs its certificate."""
+
+    base_url: str
+    ca_pem: str
+
+
+def status_audience(namespace: str, name: str) -> str:
+    """The audience of a TrainJob's projected token (pkg/statusserver TokenAudience)."""
+    return f"trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status"
+
+
+def status_config_map(name: str, gate: StatusGate) -> dict:
+    """The ConfigMap the plugin builds for a TrainJob: the CA, copied from the controller's webhook certificate."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-tls-config"},
+        "data": {"ca.crt": gate.ca_pem},
+    }
+
+
+def status_injection(name: str, container: dict, pod: dict, gate: StatusGate) -> None:
+    """Play the plugin on a trainer pod: its variables (upserted), its mount and its projected volume."""
+    path = f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs/{name}/status"
+    variables = {
+        "KUBEFLOW_TRAINER_SERVER_URL": gate.base_url + path,
+        "KUBEFLOW_TRAINER_SERVER_CA_CERT": f"{STATUS_MOUNT}/ca.crt",
+        "KUBEFLOW_TRAINER_SERVER_TOKEN": f"{STATUS_MOUNT}/token",
+    }
+    container["env"] = [e for e in container.get("env", []) if e["name"] not in variables]
+    container["env"] += [{"name": key, "value": value} for key, value in variables.items()]
+    mounts = [m for m in container.get("volumeMounts", []) if m["name"] != STATUS_VOLUME]
+    container["volumeMounts"] = [*mounts, {"name": STATUS_VOLUME, "mountPath": STATUS_MOUNT, "readOnly": True}]
+    token = {"audience": status_audience("default", name), "expirationSeconds": 3600, "path": "token"}
+    config_map = {"name": f"{name}-tls-config", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    volume = {
+        "name": STATUS_VOLUME,
+        "projected": {"sources": [{"serviceAccountToken": token}, {"configMap": config_map}]},
+    }
+    pod["volumes"] = [*(v for v in pod.get("volumes", []) if v["name"] != STATUS_VOLUME), volume]
+
+
+def trainjob_to_jobset(document: dict, status: StatusGate | None = None) -> dict:
+    """The JobSet Kubeflow Trainer makes of a TrainJob on the torch-distributed runtime (after admitting it),
+    its trainer pods with the status endpoint's variables and volume when the TrainJobStatus gate is on."""
     admitted(document)
     name = document["metadata"]["name"]
     spec = known(
@@ -569,4 +624,6 @@ def trainjob_to_jobset(document: dict) -> dict:
         {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)},
     ]
     container["ports"] = [*container.get("ports", []), {"containerPort": TRAINER_PORT}]
+    if status:
+        status_injection(name, container, pod, status)
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name}, "spec": jobset}

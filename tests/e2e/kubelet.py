@@ -9,7 +9,9 @@ translator does not understand, so a chart change can never be skipped silently.
   podman's own writable /tmp and /run (--read-only-tmpfs=false), capabilities → --cap-drop/--cap-add.
 - volumes: configMap → its rendered data written to files and mounted read-only (subPath: one file);
   emptyDir → a fresh 0777 directory kept for the pod's life (medium: Memory → tmpfs of sizeLimit);
-  persistentVolumeClaim → a podman named volume that outlives pods, like a claim.
+  persistentVolumeClaim → a podman named volume that outlives pods, like a claim; projected (configMap and
+  serviceAccountToken sources: Kubeflow Trainer's status volume) → the files written, mounted read-only, the
+  token the cluster's stand-in for the audience (no API server issues a real one; it does not rotate).
 - resources: limits.memory → --memory, limits.cpu → --cpus; requests are the scheduler's (one node here);
   any other resource (nvidia.com/gpu) is refused: this machine has none.
 - restartPolicy: Always/OnFailure → the container is started again in the same pod, volumes kept, after the
@@ -291,7 +293,11 @@ class Kubelet:
         fs_group = (spec.get("securityContext") or {}).get("fsGroup")
         sources = {}
         for volume in spec.get("volumes", []):
-            known(volume, f"volumes[{volume.get('name')}]", {"name", "configMap", "emptyDir", "persistentVolumeClaim"})
+            known(
+                volume,
+                f"volumes[{volume.get('name')}]",
+                {"name", "configMap", "emptyDir", "persistentVolumeClaim", "projected"},
+            )
             sources[volume["name"]] = volume
         args = []
         for mount in container.get("volumeMounts", []):
@@ -308,6 +314,12 @@ class Kubelet:
                 continue
             if mount.get("subPath"):
                 raise Refused(f"volumeMounts[{mount['name']}].subPath on a {next(iter(set(volume) - {'name'}))}")
+            if "projected" in volume:
+                args += [
+                    "--volume",
+                    f"{self._projected(volume['projected'], root / 'volumes' / volume['name'])}:{target}:ro",
+                ]
+                continue
             if "emptyDir" in volume:
                 empty = known(volume["emptyDir"] or {}, "emptyDir", {"medium", "sizeLimit"})
                 if empty.get("medium") == "Memory":
@@ -330,6 +342,27 @@ class Kubelet:
                 read_only = read_only or bool(claim.get("readOnly"))
                 args += ["--volume", f"{name}:{target}{':ro' if read_only else ''}"]
         return args
+
+    def _projected(self, source: dict, folder: Path) -> Path:
+        known(source, "projected", {"sources", "defaultMode"})
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            for item in source["sources"]:
+                known(item, "projected.sources[]", {"configMap", "serviceAccountToken"})
+                if "serviceAccountToken" in item:
+                    token = known(
+                        item["serviceAccountToken"], "serviceAccountToken", {"audience", "expirationSeconds", "path"}
+                    )
+                    (folder / token["path"]).write_text(self.cluster.service_account_token(token["audience"]))
+                    continue
+                config_map = known(item["configMap"], "projected configMap", {"name", "items"})
+                data = self.cluster.object("ConfigMap", config_map["name"])["data"]
+                for entry in config_map.get("items") or [{"key": key, "path": key} for key in data]:
+                    known(entry, "configMap.items[]", {"key", "path"})
+                    (folder / entry["path"]).write_text(data[entry["key"]])
+            for file in folder.iterdir():
+                file.chmod(source.get("defaultMode", 0o644))
+        return folder
 
     def _config_map(self, source: dict, folder: Path) -> Path:
         known(source, "configMap", {"name", "items", "defaultMode"})

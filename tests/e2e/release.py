@@ -23,6 +23,7 @@ from .controllers import (
     JobSetController,
     Outcome,
     PyTorchJobController,
+    status_config_map,
     trainjob_to_jobset,
 )
 from .kubelet import PodRequest, Refused
@@ -133,7 +134,10 @@ def controller_for(cluster: Cluster, document: dict) -> Controller:
     if kind == "JobSet":
         return JobSetController(cluster, document)
     if kind == "TrainJob":
-        return JobSetController(cluster, trainjob_to_jobset(document))
+        gate = cluster.trainer_status if cluster else None  # the TrainJobStatus feature gate, when on
+        if gate:
+            cluster.apply([status_config_map(document["metadata"]["name"], gate)])
+        return JobSetController(cluster, trainjob_to_jobset(document, gate))
     if kind == "Job":
         return JobController(cluster, document)
     raise Refused(f"{kind}: no controller in the harness")

@@ -20,6 +20,7 @@ SMALL = {
     "arch": "resnet18",
     "train_crop_size": 32,
     "val_resize_size": 32,
+    "val_crop_size": 32,  # torchvision's 224 by default since 49d9966: a resize of 32 is refused under it
     "batch_size": 32,
     "workers": 1,
     "hflip": False,

@@ -6,9 +6,11 @@ rendered failure semantics. Every run writes a row of the e2e report, which tool
 from __future__ import annotations
 
 import pytest
+from status_server import StatusServer, make_pki
 
 from imagenet_train.errors import RETRY_EXIT
 
+from .controllers import StatusGate, status_audience
 from .runs import NVIDIA_STANDIN, Clock, MidRun, Row, bucket_files, bucket_metrics, values
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
@@ -126,3 +128,39 @@ def test_a_pod_lost_mid_run_recovers_or_fails_cleanly(
         assert any(f"exited {RETRY_EXIT}" in event for event in outcome.events), outcome.events
     if outcome.state == "Succeeded":  # every epoch's line, once: none lost to the kill, none repeated by the resume
         assert [m["epoch"] for m in bucket_metrics(run)] == [0, 1, 2]
+
+
+def test_a_trainjob_with_the_trainers_status_variables_reports_progress_to_100(
+    releases, emulator, cluster, tmp_path, record
+):
+    """Kubeflow Trainer's TrainJobStatus gate played by the harness (no real Trainer controller runs here): the
+    pods get the variables and the projected volume, and a stand-in of its status server on the cluster's
+    gateway checks the token and every body against the CRD's trainerStatus schema and CEL rules."""
+    run, release, clock = "trainjob-status", releases["nginx"], Clock()
+    name = f"{release.name}-imagenet-train"
+    ca, cert, key = make_pki(tmp_path / "status", host=cluster.gateway, name="trainer")
+    token = cluster.service_account_token(status_audience("default", name))
+    with StatusServer(cert, key, token, host=cluster.gateway, job=name) as server:
+        cluster.trainer_status = StatusGate(server.url.split("/apis/")[0], ca.read_text())
+        try:
+            outcome, _ = release.train(values("trainjob", "nginx", run, emulator, epochs=2))
+        finally:
+            cluster.trainer_status = None
+    assert outcome.state == "Succeeded", (outcome.reason, [(pod, log[-3000:]) for pod, log in outcome.logs])
+    trained(outcome)
+    assert server.received.problems == []
+    percentages = server.received.percentages()
+    record(
+        Row(
+            "trainjob",
+            "nginx",
+            "2 epochs with Kubeflow Trainer's status variables (stand-in status server)",
+            f"{outcome.state}: trainerStatus progressPercentage {percentages}",
+            epochs="2",
+            top1=bucket_metrics(run)[-1].get("top1"),
+            seconds=clock(),
+            events=outcome.events,
+        )
+    )
+    assert len(percentages) >= 3 and percentages == sorted(set(percentages)), percentages
+    assert percentages[-1] == 100 and server.received.statuses[-1]["estimatedRemainingSeconds"] == 0

@@ -11,7 +11,14 @@ import yaml
 
 from . import kubelet
 from .cluster import rendered
-from .controllers import JobSetController, PyTorchJobController, trainjob_to_jobset
+from .controllers import (
+    JobSetController,
+    PyTorchJobController,
+    StatusGate,
+    status_audience,
+    status_config_map,
+    trainjob_to_jobset,
+)
 from .kubelet import Kubelet, PodRequest, Refused
 from .runs import values
 
@@ -54,6 +61,9 @@ class Cluster:
 
     def subdomain(self, *args) -> None:
         pass
+
+    def service_account_token(self, audience: str) -> str:
+        return f"token-for-{audience}"
 
 
 def pods(kind: str, tmp_path: Path) -> tuple[Cluster, list[PodRequest]]:
@@ -116,3 +126,32 @@ def test_a_field_the_translator_does_not_understand_fails(tmp_path):
     secret["volumes"].append({"name": "key", "secret": {"secretName": "gcp"}})
     with pytest.raises(Refused, match=r"volumes\[key\]\.secret"):
         translator.translate(PodRequest("p", secret), "10.0.0.9", tmp_path / "c")
+
+
+def test_the_trainers_status_variables_and_volume_sit_beside_the_charts_own(tmp_path):
+    """The TrainJobStatus plugin's additions to the chart's TrainJob pod: nothing of the chart's is replaced,
+    and the pod still translates under the restricted security context."""
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values("trainjob", "nginx", "r", "http://10.0.0.1:1", epochs=1)))
+    objects = rendered([str(path)], "t")
+    trainjob = next(o for o in objects if o["kind"] == "TrainJob")
+    name, gate = trainjob["metadata"]["name"], StatusGate("https://10.0.0.1:8443", "-----BEGIN CERTIFICATE-----\n")
+    cluster = Cluster(tmp_path, [*objects, status_config_map(name, gate)])
+    plain = trainjob_to_jobset(trainjob)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    jobset = trainjob_to_jobset(trainjob, gate)
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["volumes"][:-1] == plain["volumes"]
+    container, before = pod["containers"][0], plain["containers"][0]
+    assert container["volumeMounts"][:-1] == before["volumeMounts"] and container["env"][:-3] == before["env"]
+    controller = JobSetController(cluster, jobset)
+    controller.start()
+    args, *_ = Kubelet(cluster).translate(controller.jobs[0].request(0), "10.0.0.9", tmp_path / "pod")
+    line = " ".join(args)
+    url = f"{gate.base_url}/apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs/{name}/status"
+    assert f"--env KUBEFLOW_TRAINER_SERVER_URL={url}" in line, line
+    assert "--env KUBEFLOW_TRAINER_SERVER_TOKEN=/var/run/secrets/kubeflow/trainer/token" in line
+    assert "--read-only --read-only-tmpfs=false" in line and "--user 10001:10001" in line
+    mounted = tmp_path / "pod" / "volumes" / "kubeflow-trainer-token"
+    assert f"{mounted}:/var/run/secrets/kubeflow/trainer:ro" in line
+    assert (mounted / "token").read_text() == f"token-for-{status_audience('default', name)}"
+    assert (mounted / "ca.crt").read_text() == gate.ca_pem

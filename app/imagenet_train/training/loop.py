@@ -25,7 +25,7 @@ from imagenet_train.planning.position import Position
 from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.training import checkpoint, evaluation, models
+from imagenet_train.training import checkpoint, evaluation, models, progress
 from imagenet_train.training.data_wait import DataWait
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.ema import ema_scores, final_choice, run_ema, write_final
@@ -89,6 +89,7 @@ class Trainer:
         self.stop_signal = 0
         self.mirror = ResultsMirror(self.run_dir, run.results, data.io_timeout, info.local_rank)
         self.records = EpochRecords(self.run_dir, run.tensorboard, open_tracker(run)) if info.is_main else None
+        self.progress = progress.RunProgress.of(self.schedule, info.is_main)  # the TrainJob's status (rank 0)
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> None:
@@ -158,7 +159,7 @@ class Trainer:
                     run.checkpoint_every, steps, lambda step: self._checkpoint_inside(position, step), self.vote
                 )
             )
-        return [*hooks, StopVote(self.vote)]
+        return [*hooks, self.progress.at(epoch), StopVote(self.vote)]
 
     def _owed(self, position: Position, step: int) -> int:
         """Samples of the epoch still owed after `step` (resampled mode's cut epochs; 0 in exact modes)."""
@@ -292,6 +293,7 @@ class Trainer:
         verdict, _ = self.vote.settle()  # a signal during evaluation or the checkpoint stops here
         if verdict.signum or self.stop_signal:
             self.stop(path, Position(epoch + 1), verdict.signum or self.stop_signal)
+        self.progress.epoch_end(epoch, record)  # after the checkpoint: the run's last waits for its 100% to go out
         return record
 
     def stop(self, path: Path | None, position: Position, signum: int = 0) -> NoReturn:

@@ -1,0 +1,151 @@
+"""TrainJob progress (Kubeflow Trainer's status endpoint) against a real HTTPS stand-in on 127.0.0.1 that checks
+the token, serves a certificate of the CA the run is given, and validates every body against the vendored
+TrainJob CRD's `trainerStatus` schema and CEL rules (tests/status_server.py)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from status_server import StatusServer, body_problems, make_pki
+
+from imagenet_train.training import progress
+from imagenet_train.training.trainer_status import CA_VAR, TOKEN_VAR, URL_VAR, status_body
+
+from conftest import SMALL_TRAIN, read_metrics, torchrun
+
+# Two short epochs (8 steps each, the second evaluated): epoch ends at 50% and 100%.
+SHORT_RUN = [*SMALL_TRAIN, "--epochs", "2", "--epoch-batches", "8"]
+TOKEN = "eyJhbGciOiJSUzI1NiJ9.test-token.signature"
+
+
+@pytest.fixture
+def pki(tmp_path):
+    """The run's CA with a server certificate for 127.0.0.1, another CA's, and the token file."""
+    ca, cert, key = make_pki(tmp_path / "trainer")
+    _, other_cert, other_key = make_pki(tmp_path / "other", name="other")
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    return SimpleNamespace(ca=ca, cert=cert, key=key, other_cert=other_cert, other_key=other_key, token=token)
+
+
+def trainer_env(url: str, pki) -> dict[str, str]:
+    return {URL_VAR: url, CA_VAR: str(pki.ca), TOKEN_VAR: str(pki.token)}
+
+
+def test_rank0_reports_rising_progress_that_reaches_100_at_the_end(digit_shards, pki, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    with StatusServer(pki.cert, pki.key, TOKEN) as server:
+        for name, value in trainer_env(server.url, pki).items():
+            monkeypatch.setenv(name, value)  # torchrun passes them to both ranks, as the Trainer sets them in the pod
+        result = torchrun([*SHORT_RUN, "--shards", str(digit_shards), "--run-dir", str(run_dir)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    received = server.received
+    assert received.problems == []
+    percentages = received.percentages()
+    # Rank 0 alone: a second poster would repeat the epochs' ends (50, 100) and start again from the beginning.
+    assert len(percentages) >= 3 and percentages == sorted(set(percentages)), percentages
+    assert percentages[-1] == 100 and percentages.count(100) == 1
+    assert percentages[0] < 50 <= percentages[-2] < 100
+    assert result.stderr.count("trainer status: reporting progress to") == 1
+    final = received.statuses[-1]
+    assert final["estimatedRemainingSeconds"] == 0
+    metrics = {m["name"]: float(m["value"]) for m in final["metrics"]}
+    last = read_metrics(run_dir)[-1]
+    assert metrics["epoch"] == 1 and metrics["top1"] == pytest.approx(last["top1"], rel=1e-5)
+    assert metrics["loss"] == pytest.approx(last["train_loss"], rel=1e-5) and metrics["img_per_s"] > 0
+    assert any("estimatedRemainingSeconds" in s for s in received.statuses[:-1])
+
+
+def test_a_failing_endpoint_leaves_a_ddp_run_alone_and_is_logged_once(digit_shards, pki, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    with StatusServer(pki.cert, pki.key, TOKEN, fail_with=500) as server:
+        for name, value in trainer_env(server.url, pki).items():
+            monkeypatch.setenv(name, value)
+        # One short epoch: its first step's report and its last both fail; the warning comes once.
+        args = [*SMALL_TRAIN, "--epochs", "1", "--epoch-batches", "4"]
+        result = torchrun([*args, "--shards", str(digit_shards), "--run-dir", str(run_dir)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [0]
+    assert server.attempts >= 2
+    assert result.stderr.count("trainer status: cannot report progress") == 1, result.stderr[-3000:]
+    assert "HTTP 500" in result.stderr
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Unanswering:
+    """A TCP server that accepts and never answers (a hung status server)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+SCHEDULE = SimpleNamespace(total=400, interval=200, epochs=2, global_batch=64)
+
+
+@pytest.mark.parametrize("failure", ["down", "http 500", "other CA", "hung"])
+def test_a_failing_endpoint_never_holds_up_a_step_and_warns_once(failure, pki, caplog):
+    caplog.set_level(logging.WARNING, logger="imagenet_train.training.trainer_status")
+    hung = Unanswering() if failure == "hung" else None
+    cert, key = (pki.other_cert, pki.other_key) if failure == "other CA" else (pki.cert, pki.key)
+    with StatusServer(cert, key, TOKEN, fail_with=500 if failure == "http 500" else 0) as server:
+        url = {
+            "down": f"https://127.0.0.1:{closed_port()}/x",
+            "hung": f"https://127.0.0.1:{hung and hung.sock.getsockname()[1]}/x",
+        }
+        run = progress.RunProgress.of(SCHEDULE, True, trainer_env(url.get(failure, server.url), pki))
+        slowest = 0.0
+        for epoch in range(2):
+            hook = run.at(epoch)
+            for step in range(1, 201):
+                started = time.perf_counter()
+                hook.after_step(step)
+                slowest = max(slowest, time.perf_counter() - started)
+                run.last_post -= 1.0  # as if a second went by per step: a report is due every 5 steps
+            started = time.perf_counter()
+            run.epoch_end(epoch, {"epoch": epoch, "train_loss": 2.0, "samples_per_s": 100.0})
+            ended = time.perf_counter() - started
+        assert server.received.statuses == []
+    if hung:
+        hung.close()
+    assert slowest < 0.05, f"a step waited {slowest:.3f}s on the status endpoint"
+    assert ended <= progress.FINAL_WAIT_S + 0.5  # the run's end waits for its last report, boundedly
+    complaints = [r for r in caplog.records if "cannot report progress" in r.getMessage()]
+    assert len(complaints) == 1, [r.getMessage() for r in caplog.records]
+    assert run.poster.failed >= 1 and run.poster.sent == 0
+
+
+def test_every_status_body_fits_the_crd_even_from_extreme_figures():
+    extreme = status_body(250, 1e12, {"loss": float("nan"), "top1": 0.5, "x" * 80: 1e300}, time.time())
+    assert body_problems(extreme) == []
+    assert extreme["trainerStatus"]["progressPercentage"] == 100
+    assert extreme["trainerStatus"]["estimatedRemainingSeconds"] == 2**31 - 1
+    assert [m["name"] for m in extreme["trainerStatus"]["metrics"]] == ["top1", "x" * 64]
+    assert body_problems(status_body(-5, float("inf"), {}, time.time())) == []
+    # The stand-in refuses what the API server would: the checks above can fail.
+    assert body_problems({"trainerStatus": {"progressPercentage": 5}})  # CEL: lastUpdatedTime required
+    bad = {**extreme["trainerStatus"], "progressPercentage": 101, "estimatedRemainingSeconds": 2**31}
+    assert len(body_problems({"trainerStatus": bad})) == 2
