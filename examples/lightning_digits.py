@@ -11,7 +11,7 @@ import sys
 from imagenet_train.commands.train_cmd import train_config
 
 # `lightning` comes through the adapter, which first makes torchvision importable next to a CPU-only torch.
-from imagenet_train.training.lightning_module import ImagenetModule, ShardDataModule, lightning
+from imagenet_train.launchers.lightning_module import ImagenetModule, ShardDataModule, lightning
 
 cfg = train_config(sys.argv[1:])
 data = ShardDataModule(cfg)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from imagenet_train.datasets.convert import ShardOptions, convert
-from imagenet_train.training import checkpoint
+from imagenet_train.rundir import checkpoint
 
 from conftest import cli, write_image_folder
 

@@ -15,7 +15,7 @@ import torch
 
 from imagenet_train import cli as cli_module
 from imagenet_train.datasets.convert import ShardOptions, convert
-from imagenet_train.training import checkpoint
+from imagenet_train.rundir import checkpoint
 
 from conftest import cli, read_metrics, torchrun, write_image_folder
 

@@ -241,7 +241,7 @@ def test_node_local_cache_serves_the_second_epoch_from_disk(gs_shards, tmp_path)
 
 
 def test_results_uploader_mirrors_changes_and_reports_a_missing_bucket(emulator, tmp_path):
-    from imagenet_train.training.results_mirror import ResultsUploader
+    from imagenet_train.rundir.results_mirror import ResultsUploader
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -262,7 +262,7 @@ def test_results_uploader_mirrors_changes_and_reports_a_missing_bucket(emulator,
 def test_a_resume_keeps_every_epochs_line_from_the_bucket_and_from_this_node(emulator, tmp_path):
     """The bucket lags this node (its last line not uploaded yet), and this node can lag the bucket (rank 0 ran on
     another node meanwhile): after the fetch, metrics.jsonl holds every epoch either had, once, in order."""
-    from imagenet_train.training.results_mirror import fetch_for_resume
+    from imagenet_train.rundir.results_mirror import fetch_for_resume
 
     url = f"gs://{BUCKET}/merge"
     bucket = tmp_path / "bucket"
@@ -280,7 +280,7 @@ def test_a_resume_keeps_every_epochs_line_from_the_bucket_and_from_this_node(emu
 def test_a_node_that_fetched_a_run_never_uploads_its_stale_copy_over_rank_0s_newer_files(emulator, tmp_path):
     """Every node fetches the run to resume, and every node mirrors what it writes (its ranks' key logs); only rank
     0 writes metrics.jsonl. Another node's fetched copy must not replace rank 0's newer one in the bucket."""
-    from imagenet_train.training.results_mirror import ResultsMirror
+    from imagenet_train.rundir.results_mirror import ResultsMirror
 
     url = f"gs://{BUCKET}/two-nodes"
     bucket = tmp_path / "bucket"

@@ -49,7 +49,7 @@ def test_lightning_ddp_trains_the_digits_into_the_demo_accuracy_band(shard_serve
 
 @pytest.mark.parametrize("mode", ["split", "queue"])
 def test_uneven_modes_are_refused_under_lightning_naming_what_works(digit_shards, mode):
-    from imagenet_train.training.lightning_module import ShardDataModule
+    from imagenet_train.launchers.lightning_module import ShardDataModule
 
     with pytest.raises(ImagenetTrainError) as refused:
         ShardDataModule(train_config(["--shards", str(digit_shards), "--mode", mode]))
@@ -60,7 +60,7 @@ def test_uneven_modes_are_refused_under_lightning_naming_what_works(digit_shards
 
 
 def test_recipe_settings_lightning_does_not_apply_are_refused_not_ignored(digit_shards):
-    from imagenet_train.training.lightning_module import ShardDataModule
+    from imagenet_train.launchers.lightning_module import ShardDataModule
 
     with pytest.raises(ImagenetTrainError) as refused:
         ShardDataModule(train_config(["--shards", str(digit_shards), "--model-ema", "--cutmix-alpha", "1"]))
@@ -71,7 +71,7 @@ def test_recipe_settings_lightning_does_not_apply_are_refused_not_ignored(digit_
 
 
 def test_the_data_module_gives_lightning_sized_epochs_without_a_sampler(digit_shards):
-    from imagenet_train.training.lightning_module import EpochBatches, ShardDataModule, lightning
+    from imagenet_train.launchers.lightning_module import EpochBatches, ShardDataModule, lightning
 
     cfg = train_config(["--shards", str(digit_shards), "--batch-size", "32", "--workers", "0", "--epoch-batches", "3"])
     data = ShardDataModule(cfg)
@@ -90,7 +90,7 @@ def test_each_rank_of_the_data_module_crops_differently_as_under_train(tmp_path)
     from types import SimpleNamespace
 
     from imagenet_train.datasets.convert import ShardOptions, convert
-    from imagenet_train.training.lightning_module import ShardDataModule
+    from imagenet_train.launchers.lightning_module import ShardDataModule
 
     folder = tmp_path / "raw" / "train" / "n00000001"
     folder.mkdir(parents=True)

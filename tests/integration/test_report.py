@@ -73,7 +73,7 @@ def test_data_wait_is_the_share_of_loop_time_spent_in_next():
 
 
 def test_samples_seen_counts_the_steps_a_resumed_epoch_took_before_its_checkpoint():
-    from imagenet_train.training.run_report import samples_seen
+    from imagenet_train.ops.run_report import samples_seen
 
     records = [
         {"epoch": 0, "train_samples": 768, "batches_per_rank": [12, 12]},

@@ -12,7 +12,7 @@ import pytest
 
 from imagenet_train.planning import plan
 from imagenet_train.planning.position import Position
-from imagenet_train.training.key_log import consumed_keys
+from imagenet_train.rundir.key_log import consumed_keys
 
 from conftest import CHECKPOINTING_TRAIN, child_pids, read_metrics, torchrun
 
@@ -53,7 +53,7 @@ def run_until_killed(args: list[str], run_dir: Path, tmp: Path, timeout: float =
 
 
 def _checkpoint_position(run_dir: Path) -> Position:
-    from imagenet_train.training.checkpoint import latest, load
+    from imagenet_train.rundir.checkpoint import latest, load
 
     state = load(latest(str(run_dir)))  # weights_only=True: the checkpoint is tensors and plain data
     return Position.from_dict(state["position"])
@@ -106,7 +106,7 @@ def test_resampled_mode_resumed_mid_epoch_keeps_the_nominal_length(digit_shards,
 
 
 def test_newer_checkpoints_supersede_mid_epoch_ones(tmp_path):
-    from imagenet_train.training import checkpoint
+    from imagenet_train.rundir import checkpoint
 
     for epoch, step in [(0, 4), (0, 8), (1, None)]:
         path = checkpoint.checkpoint_path(str(tmp_path), epoch, step)

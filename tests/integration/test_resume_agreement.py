@@ -14,7 +14,7 @@ WORLD = textwrap.dedent(
     """
     import datetime, json, logging, sys
     import torch.distributed as dist
-    from imagenet_train.training.checkpoint import latest_on_every_rank
+    from imagenet_train.rundir.checkpoint import latest_on_every_rank
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     rank, store, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from imagenet_train.training import checkpoint, models
+from imagenet_train.rundir import checkpoint
+from imagenet_train.training import models
 
 from conftest import SMALL_TRAIN, torchrun
 

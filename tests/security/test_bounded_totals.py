@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading import stages
 from imagenet_train.loading.stages import BrokenShard, samples_in_tar
-from imagenet_train.training import checkpoint
-from imagenet_train.training.checkpoint import RunState
-from imagenet_train.training.run_report import read_records, summary_table
+from imagenet_train.ops.run_report import read_records, summary_table
+from imagenet_train.rundir import checkpoint
+from imagenet_train.rundir.checkpoint import RunState
 from security.test_malformed_inputs import JSON_VALUES, RECORD, encode, mutations
 
 
@@ -143,8 +143,8 @@ import json, random, resource, sys
 from pathlib import Path
 import torch
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.training import checkpoint
-from imagenet_train.training.run_report import read_records
+from imagenet_train.rundir import checkpoint
+from imagenet_train.ops.run_report import read_records
 folder, RECORD = Path(sys.argv[1]), json.loads(sys.argv[2])
 model = torch.nn.Linear(64, 64)
 good = folder / "good.pt"

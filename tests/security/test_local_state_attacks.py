@@ -21,8 +21,8 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.cache import cache_path
 from imagenet_train.loading.stages import ShardReading, samples_in_tar
 from imagenet_train.planning.position import Position
-from imagenet_train.training import checkpoint
-from imagenet_train.training.key_log import KeyLog, consumed_keys
+from imagenet_train.rundir import checkpoint
+from imagenet_train.rundir.key_log import KeyLog, consumed_keys
 from security.test_state_attacks import _as_nobody, nobody_python  # noqa: F401 (a fixture: Python nobody may run)
 
 
@@ -156,7 +156,7 @@ LOAD_MEASURED = """
 import resource, sys
 from pathlib import Path
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.training import checkpoint
+from imagenet_train.rundir import checkpoint
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 try:
     checkpoint.load(Path(sys.argv[1]))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from imagenet_train.cli import main
 from imagenet_train.datasets.index import load_index
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.training.run_report import read_records, samples_seen, summary_table
+from imagenet_train.ops.run_report import read_records, samples_seen, summary_table
 
 SHARD = {"url": "x.tar", "nsamples": 2, "filesize": 20480, "sha256": "ab" * 32, "md5sum": "cd" * 16}
 INDEX = {

@@ -16,7 +16,7 @@ import torch
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write
 from imagenet_train.loading.epochstate import EpochState, EpochStateFile, read_epoch_state
-from imagenet_train.training import checkpoint
+from imagenet_train.rundir import checkpoint
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.training.results_mirror import upload_order
-from imagenet_train.training.run_record import EpochRecords, epoch_lines, merge_fetched
+from imagenet_train.rundir.results_mirror import upload_order
+from imagenet_train.rundir.run_record import EpochRecords, epoch_lines, merge_fetched
 
 pytestmark = pytest.mark.unit
 

@@ -109,7 +109,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Write a run's plots and print its summary table."""
     from pathlib import Path
 
-    from imagenet_train.training.run_report import report
+    from imagenet_train.ops.run_report import report
 
     table, written = report(Path(args.run_dir))
     print(table)

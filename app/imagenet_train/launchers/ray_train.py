@@ -81,7 +81,7 @@ def run(cfg: Config, options: RayOptions) -> dict:
             ) from None
     finally:
         ray.shutdown()
-    from imagenet_train.training.run_report import read_records
+    from imagenet_train.ops.run_report import read_records
 
     return read_records(run_dir)[-1]
 

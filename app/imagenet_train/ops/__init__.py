@@ -1,1 +1,1 @@
-"""Operations around training: the nginx shard server and the readiness probe."""
+"""Operations around training: the nginx shard server, the readiness probe, and `report` on a finished run."""

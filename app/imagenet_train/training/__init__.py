@@ -1,2 +1,2 @@
-"""The DDP loop and what it needs: checkpoints, distributed set-up, pre-emption, the results
-mirror, metrics and TensorBoard events, reports."""
+"""The DDP loop and what it needs: the step, evaluation, the per-step hooks, distributed set-up,
+pre-emption, trackers."""

@@ -11,7 +11,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.training import checkpoint
+from imagenet_train.rundir import checkpoint
 from imagenet_train.training.hooks import StepHook
 
 PREFIX = "ema_"  # of the EMA's evaluation keys in the epoch record: ema_top1, ema_top5, ema_val_loss

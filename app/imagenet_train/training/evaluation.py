@@ -99,7 +99,7 @@ def evaluate_weights(cfg: Any, path: str | Path, use_ema: bool = False) -> tuple
     this rank."""
     from imagenet_train.datasets.source import run_source
     from imagenet_train.loading.batches import RunBatches
-    from imagenet_train.training.checkpoint import load_weights
+    from imagenet_train.rundir.checkpoint import load_weights
     from imagenet_train.training.dist import cleanup, init_distributed
     from imagenet_train.training.ema import ema_weights
     from imagenet_train.training.models import architecture

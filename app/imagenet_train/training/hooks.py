@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from imagenet_train.training.key_log import KeyLog, encode_key
+from imagenet_train.rundir.key_log import KeyLog, encode_key
 from imagenet_train.training.preempt import StepVote
 
 

@@ -25,20 +25,21 @@ from imagenet_train.planning.position import Position
 from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.training import checkpoint, evaluation, models, progress
+from imagenet_train.rundir import checkpoint
+from imagenet_train.rundir.key_log import consumed_keys
+from imagenet_train.rundir.results_mirror import ResultsMirror
+from imagenet_train.rundir.run_record import EpochRecords, derived
+from imagenet_train.training import evaluation, models, progress
 from imagenet_train.training.data_wait import DataWait
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.ema import ema_scores, final_choice, run_ema, write_final
 from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
-from imagenet_train.training.key_log import consumed_keys
 from imagenet_train.training.losses import build_criterion
 from imagenet_train.training.mixing import batch_mixing
 from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, stop_waiting, unsaved_on_stop
 from imagenet_train.training.preflight import preflight_check
 from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
-from imagenet_train.training.results_mirror import ResultsMirror
-from imagenet_train.training.run_record import EpochRecords, derived
 from imagenet_train.training.step import TrainStep, amp_dtype, distribute
 from imagenet_train.training.tally import EpochTally
 from imagenet_train.training.trackers import open_tracker

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -17,12 +17,31 @@ from imagenet_train.datasets.source import DataSource
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.training.dist import DistInfo
-from imagenet_train.training.events import EpochEvents
-from imagenet_train.training.trackers import TrackerSink
+from imagenet_train.rundir.events import EpochEvents
 
 METRICS = "metrics.jsonl"
 MAX_METRICS_BYTES = 64 << 20  # a line per epoch is a few hundred bytes; a bigger file is not one we wrote
+
+
+# What this module needs of training/'s DistInfo and TrackerSink, named here: rundir/ sits below training/.
+class Launch(Protocol):
+    """Where this rank runs: the world size and its device (training.dist.DistInfo)."""
+
+    world: int
+    device: torch.device
+
+
+class Tracker(Protocol):
+    """An experiment tracker's run (training.trackers.TrackerSink)."""
+
+    def begin(self, resolved: dict) -> None:
+        """Open the tracker run with the resolved settings."""
+
+    def epoch(self, record: dict) -> None:
+        """Send one epoch's numbers."""
+
+    def close(self) -> None:
+        """End the tracker run."""
 
 
 def write_config(run_dir: Path, config_json: str, derived: dict[str, Any]) -> dict[str, Any]:
@@ -36,7 +55,7 @@ def write_config(run_dir: Path, config_json: str, derived: dict[str, Any]) -> di
 
 
 def derived(
-    info: DistInfo, schedule: Schedule, source: DataSource, amp: torch.dtype | None, epoch: int, data: Any = None
+    info: Launch, schedule: Schedule, source: DataSource, amp: torch.dtype | None, epoch: int, data: Any = None
 ) -> dict:
     """What a run derived from its settings (`data`: its config.DataConfig) and its launch, for config.json."""
     return {
@@ -62,7 +81,7 @@ class EpochRecords:
     """Rank 0's record of the run: config.json, and each epoch's metrics.jsonl line, summary line on stdout,
     TensorBoard scalars and --tracker metrics."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool, tracker: TrackerSink | None = None):
+    def __init__(self, run_dir: Path, tensorboard: bool, tracker: Tracker | None = None):
         self.run_dir, self.tracker = run_dir, tracker
         self.events = EpochEvents(run_dir) if tensorboard else None
 

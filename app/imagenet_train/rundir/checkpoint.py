@@ -276,7 +276,7 @@ def _untrusted(path: Path, what: str, message: str) -> str:
     found = re.search(r"GLOBAL (\S+)", message)
     named = f", such as {found.group(1).strip('`,.')[:80]}" if found else ""
     recipe = (
-        "import torch; from imagenet_train.training.checkpoint import plain; "
+        "import torch; from imagenet_train.rundir.checkpoint import plain; "
         f"p = {str(path)!r}; torch.save(plain(torch.load(p, map_location='cpu', weights_only=False)), p)"
     )
     return (

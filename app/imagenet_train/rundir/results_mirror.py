@@ -18,7 +18,7 @@ from imagenet_train import waiting
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs, transfer
 from imagenet_train.io.resumable import IO_TIMEOUT
-from imagenet_train.training.run_record import METRICS, epoch_lines, merge_fetched
+from imagenet_train.rundir.run_record import METRICS, epoch_lines, merge_fetched
 
 log = logging.getLogger(__name__)
 
