@@ -26,15 +26,14 @@ from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import checkpoint, evaluation, models
-from imagenet_train.training.data_wait import DataWait
 from imagenet_train.training.dist import DistInfo
-from imagenet_train.training.ema import ema_scores, final_choice, run_ema, write_final
-from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
+from imagenet_train.training.ema import final_choice, run_ema, write_final
+from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote
 from imagenet_train.training.key_log import consumed_keys
 from imagenet_train.training.losses import build_criterion
 from imagenet_train.training.mixing import batch_mixing
 from imagenet_train.training.optimizers import build_optimizer
-from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, stop_waiting, unsaved_on_stop
+from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, stop_waiting
 from imagenet_train.training.preflight import preflight_check
 from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
 from imagenet_train.training.results_mirror import ResultsMirror
@@ -218,32 +217,13 @@ class Trainer:
         self.stop_signal = verdict.signum
         return {**tally.record(loader.damage(), info), **loader.epoch_report()}
 
-    @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:
         """Loss, top-1 and top-5 over every rank's share of the val shards ({} without val shards)."""
-        if self.batches.val is None:
-            return {}
-        self.model.eval()
-        with unsaved_on_stop(f"epoch {epoch}'s checkpoint is written only after its evaluation"):  # a val outage
-            record, keys = self._evaluate(self.model, keep_keys=self.cfg.run.log_keys)
-        if self.cfg.run.log_keys:
-            write_keys(self.run_dir, "val", epoch, self.info.rank, keys)
-        if self.ema:
-            record.update(ema_scores(self._evaluate(self.ema.module)[0]))
-        return record
-
-    def _evaluate(self, model: torch.nn.Module, keep_keys: bool = False) -> tuple[dict, list[str]]:
-        evaluation.take_rank0_buffers(model, self.info)
-        return evaluation.evaluate(
-            model,
-            self.batches.val,
-            DataWait().timed(self.batches.val_batches(), "waiting for a val batch"),
-            self.info,
-            self.amp,
-            self.step.channels_last,
-            self.source.num_classes,
-            keep_keys=keep_keys,
-            tta=self.cfg.run.val_tta,
+        keys_dir = self.run_dir if self.cfg.run.log_keys else None
+        model, info, classes, tta = self.model, self.info, self.source.num_classes, self.cfg.run.val_tta
+        channels_last = self.step.channels_last
+        return evaluation.evaluate_run(
+            model, self.ema, self.batches, info, self.amp, channels_last, classes, tta, epoch, keys_dir
         )
 
     # -- the run ------------------------------------------------------------------------------
