@@ -3,7 +3,6 @@ with the per-step extras (key logs, mid-epoch checkpoints, the pre-emption vote)
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import signal
@@ -13,7 +12,6 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.join import Join
 from tqdm import tqdm
 
 from imagenet_train.config import Config
@@ -35,7 +33,7 @@ from imagenet_train.training.mixing import batch_mixing
 from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, stop_waiting
 from imagenet_train.training.preflight import preflight_check
-from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
+from imagenet_train.training.replicas import replicas_in_sync
 from imagenet_train.training.results_mirror import ResultsMirror
 from imagenet_train.training.run_record import EpochRecords, derived
 from imagenet_train.training.step import TrainStep, amp_dtype, distribute
@@ -157,7 +155,8 @@ class Trainer:
                     run.checkpoint_every, steps, lambda step: self._checkpoint_inside(position, step), self.vote
                 )
             )
-        return [*hooks, StopVote(self.vote)]
+        joined = (self.ddp, self.step.optimizer, self.ema.averaged if self.ema else None)
+        return [*hooks, StopVote(self.vote, *(joined if self.exact and info.enabled else ()))]
 
     def _owed(self, position: Position, step: int) -> int:
         """Samples of the epoch still owed after `step` (resampled mode's cut epochs; 0 in exact modes)."""
@@ -176,6 +175,7 @@ class Trainer:
         info, steps, loader = self.info, self.schedule.epoch_batches(epoch), self.batches.train
         position = self._prepare_epoch(epoch)
         hooks, stopped = self._hooks(epoch, position), False
+        vote = hooks[-1]  # the StopVote: _hooks puts it last
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         tally = EpochTally(position.step, loader.damage(), loss_sum, self.schedule.base_lr)
         bar = tqdm(
@@ -186,10 +186,9 @@ class Trainer:
             disable=not info.is_main,
             mininterval=2,
         )
-        join = Join([self.ddp, self.vote]) if self.exact and info.enabled else contextlib.nullcontext()
         self.ddp.train()
         try:
-            with bar, join:  # a stop in the wait for a batch leaves both by exception: no Join shadow loop
+            with bar, vote.joining():  # a stop in the wait for a batch leaves both by exception: no Join shadow loop
                 for images, labels, keys in tally.wait.timed(self.batches.train_batches()):
                     for hook in hooks:
                         hook.before_step(tally.step, keys)
@@ -207,11 +206,8 @@ class Trainer:
         finally:
             for hook in hooks:
                 hook.end()
-        verdict, (stopped_mid_epoch, steps_taken) = self.vote.settle(int(stopped), tally.step)
-        self.vote.raise_failure(verdict)
-        if self.exact and info.enabled:
-            sync_optimizer_state(self.step.optimizer, tally.step, info, self.ema.averaged if self.ema else None)
-        if stopped_mid_epoch:
+        verdict, steps_taken = vote.settle(stopped, tally.step)
+        if steps_taken is not None:
             owed = self._owed(position, steps_taken)
             self.stop_position = Position(epoch, steps_taken, position.segments, info.world, owed)
         self.stop_signal = verdict.signum
