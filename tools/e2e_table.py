@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fault_table import machine, read_inputs, revision
@@ -53,6 +54,33 @@ def wall(value) -> str:
     return "–" if value is None else f"{value:.0f}"
 
 
+def _fault_rows(faults: list[dict], verdict: Callable[[dict], str]) -> list[str]:
+    """The section on pods lost mid-run: its table and what the controllers did in each run."""
+    lines = ["\n## A pod lost mid-run, under the failure semantics the chart renders\n"]
+    lines.append(
+        "Three epochs; 5 s after rank 0 wrote epoch 0's metrics the harness SIGKILLs a pod's main process (a\n"
+        "crash, an OOM kill) or evicts the pod (SIGTERM, the grace period, DisruptionTarget: a drain or a\n"
+        "pre-emption), then plays the controller as the rendered objects say. A hang would fail on a timeout.\n"
+    )
+    heads = ["Launcher", "Fault", "Rendered semantics", "Expected", "Outcome", "Epochs", "Top-1", "Resumed"]
+    lines.append("| " + " | ".join(heads) + " | Wall (s) | Test |")
+    lines.append("|---|---|---|---|---|---|---:|---|---:|---|")
+    for row in faults:
+        cells = [row["launcher"], row["case"], row["semantics"], row["expected"], cell(row["outcome"])]
+        cells += [
+            cell(row["epochs"]),
+            cell(row["top1"]),
+            cell(row["resumed"]),
+            wall(row["seconds"]),
+            verdict(row),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("\nWhat the controllers did in each fault run:\n")
+    for row in faults:
+        lines.append(f"- {row['launcher']}, {row['case']}: " + "; ".join(e.split(" ", 1)[1] for e in row["events"]))
+    return lines
+
+
 def render(
     records: list[dict], seconds: float | None, load: str, command: str, findings: str = "", revision_id: str = ""
 ) -> str:
@@ -85,28 +113,7 @@ def render(
         lines.append("| " + " | ".join(cells) + " |")
     faults = [r for r in rows if r.get("expected")]
     if faults:
-        lines.append("\n## A pod lost mid-run, under the failure semantics the chart renders\n")
-        lines.append(
-            "Three epochs; 5 s after rank 0 wrote epoch 0's metrics the harness SIGKILLs a pod's main process (a\n"
-            "crash, an OOM kill) or evicts the pod (SIGTERM, the grace period, DisruptionTarget: a drain or a\n"
-            "pre-emption), then plays the controller as the rendered objects say. A hang would fail on a timeout.\n"
-        )
-        heads = ["Launcher", "Fault", "Rendered semantics", "Expected", "Outcome", "Epochs", "Top-1", "Resumed"]
-        lines.append("| " + " | ".join(heads) + " | Wall (s) | Test |")
-        lines.append("|---|---|---|---|---|---|---:|---|---:|---|")
-        for row in faults:
-            cells = [row["launcher"], row["case"], row["semantics"], row["expected"], cell(row["outcome"])]
-            cells += [
-                cell(row["epochs"]),
-                cell(row["top1"]),
-                cell(row["resumed"]),
-                wall(row["seconds"]),
-                verdict(row),
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("\nWhat the controllers did in each fault run:\n")
-        for row in faults:
-            lines.append(f"- {row['launcher']}, {row['case']}: " + "; ".join(e.split(" ", 1)[1] for e in row["events"]))
+        lines += _fault_rows(faults, verdict)
     without_row = [r for test, r in results.items() if not any(row["test"] == test for row in rows)]
     if without_row:
         lines.append("\nOther tests:\n")

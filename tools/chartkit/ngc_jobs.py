@@ -55,6 +55,20 @@ def instance_gpus(instance: str) -> int:
     return int(match.group(1))
 
 
+def _placement_flags(ngc: dict, env: list[str]) -> list[str]:
+    """The job's ace/org/team, workspaces, datasets, environment variables and labels as `ngc batch run` flags."""
+    argv = [arg for flag in ("ace", "org", "team") if ngc[flag] for arg in (f"--{flag}", ngc[flag])]
+    for workspace in ngc["workspaces"]:
+        argv += ["--workspace", f"{workspace['id']}:{workspace['mount']}:{workspace.get('mode', 'RO')}"]
+    for dataset in ngc["datasets"]:
+        argv += ["--datasetid", f"{dataset['id']}:{dataset['mount']}"]
+    for variable in env:
+        argv += ["--env-var", variable]
+    for label in [ngc["projectLabel"], *ngc["labels"]]:
+        argv += ["--label", label]
+    return argv
+
+
 def run_command(values: dict, name: str, default_tag: str = "latest") -> list[str]:
     """The full `ngc batch run` argv for these values (validated by the chart's schema beforehand)."""
     ngc, launcher = values["ngc"], values["launcher"]
@@ -83,17 +97,7 @@ def run_command(values: dict, name: str, default_tag: str = "latest") -> list[st
     argv = ["ngc", "batch", "run", "--name", name, "--image", image, "--instance", ngc["instance"]]
     argv += ["--commandline", commandline, "--result", ngc["resultDir"], "--total-runtime", ngc["totalRuntime"]]
     argv += ["--preempt", ngc["preempt"]]
-    for flag in ("ace", "org", "team"):
-        if ngc[flag]:
-            argv += [f"--{flag}", ngc[flag]]
-    for workspace in ngc["workspaces"]:
-        argv += ["--workspace", f"{workspace['id']}:{workspace['mount']}:{workspace.get('mode', 'RO')}"]
-    for dataset in ngc["datasets"]:
-        argv += ["--datasetid", f"{dataset['id']}:{dataset['mount']}"]
-    for variable in env:
-        argv += ["--env-var", variable]
-    for label in [ngc["projectLabel"], *ngc["labels"]]:
-        argv += ["--label", label]
+    argv += _placement_flags(ngc, env)
     if launcher["nodes"] > 1:
         argv += ["--array-type", "PYTORCH", "--replicas", str(launcher["nodes"])]
     return argv + ["--format_type", "json"]

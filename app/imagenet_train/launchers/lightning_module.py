@@ -29,6 +29,7 @@ from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import models
+from imagenet_train.training.evaluation import Totals
 from imagenet_train.training.losses import build_criterion
 from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.preflight import preflight_check
@@ -119,8 +120,8 @@ class ImagenetModule(lightning.LightningModule):
         torch.manual_seed(cfg.run.seed)
         self.model = models.create(cfg.run, num_classes, lightning.pytorch.utilities.rank_zero_only.rank == 0)
         self.criterion = build_criterion(cfg.optim)
-        self.topk = min(5, num_classes)
-        self.totals = torch.zeros(4, dtype=torch.float64)  # loss sum, top-1 hits, top-k hits, samples
+        self.num_classes = num_classes
+        self.totals = Totals(num_classes, torch.device("cpu"))
         self.history: list[dict] = []  # per-epoch validation metrics, identical on every rank
 
     @property
@@ -152,22 +153,19 @@ class ImagenetModule(lightning.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         """Zero the validation totals."""
-        self.totals = torch.zeros(4, dtype=torch.float64, device=self.device)
+        self.totals = Totals(self.num_classes, self.device)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         """Add one batch's loss, top-1 and top-k hits and sample count to the validation totals."""
         images, labels, _ = batch
-        logits = self.model(normalize(images, False))
-        hits = logits.topk(self.topk, dim=1).indices.eq(labels.view(-1, 1))
-        loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        batch_totals = [loss, hits[:, 0].sum(), hits.any(dim=1).sum(), torch.tensor(len(labels), device=self.device)]
-        self.totals += torch.stack([value.double() for value in batch_totals])
+        self.totals.add(self.model(normalize(images, False)), labels)
 
     def on_validation_epoch_end(self) -> None:
         """Log the epoch's validation loss and accuracy over all ranks, and append them to `history`."""
-        loss, top1, topk, count = self.trainer.strategy.reduce(self.totals, reduce_op="sum").tolist()
+        sums = torch.cat([self.totals.sums, self.totals.sums.new_tensor([self.totals.count])])
+        loss, top1, topk, count = self.trainer.strategy.reduce(sums, reduce_op="sum").tolist()
         if self.trainer.sanity_checking or count == 0:
             return
-        metrics = {"val_loss": loss / count, "top1": top1 / count, f"top{self.topk}": topk / count}
+        metrics = self.totals.scores(loss, top1, topk, count)
         self.log_dict(metrics, sync_dist=True)  # the same numbers on every rank: the mean changes nothing
         self.history.append({"epoch": self.current_epoch, **metrics, "val_samples": int(count)})

@@ -143,6 +143,22 @@ _PLAIN = (str, int, float, bool, type(None), bytes, torch.Tensor)
 CHECKPOINT_KEYS = ("epoch", "model", "optimizer", "scaler")
 
 
+_LEAVES = (  # the types `plain` turns into a tensor, a number or a string
+    (np.ndarray, lambda value: torch.from_numpy(np.ascontiguousarray(value))),
+    (np.generic, lambda value: value.item()),
+    (PurePath, str),
+)
+
+
+def _fields(value) -> dict | None:
+    """An argparse result's or a dataclass instance's fields as a dict (None for anything else)."""
+    if isinstance(value, argparse.Namespace):
+        return vars(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return None
+
+
 def plain(value, where: str = "checkpoint"):
     """`value` as tensors and plain data that `torch.load(weights_only=True)` reads back.
 
@@ -164,16 +180,12 @@ def plain(value, where: str = "checkpoint"):
         return items if isinstance(value, list) else tuple(items)  # a namedtuple becomes a plain tuple
     if isinstance(value, (set, frozenset)):
         return sorted(plain(item, where) for item in value)
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(value))
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, PurePath):
-        return str(value)
-    if isinstance(value, argparse.Namespace):
-        return plain(vars(value), where)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return plain({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, where)
+    for kind, convert in _LEAVES:
+        if isinstance(value, kind):
+            return convert(value)
+    fields = _fields(value)
+    if fields is not None:
+        return plain(fields, where)
     raise TypeError(f"{where}: {type(value).__name__} is not tensors or plain data")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -16,7 +16,15 @@ from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.normalize import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
+from imagenet_train.training.data_wait import DataWait
 from imagenet_train.training.dist import DistInfo, all_sum
+from imagenet_train.training.ema import ema_scores
+from imagenet_train.training.hooks import write_keys
+from imagenet_train.training.preempt import unsaved_on_stop
+
+if TYPE_CHECKING:
+    from imagenet_train.loading.batches import RunBatches
+    from imagenet_train.training.ema import ModelEma
 
 
 def take_rank0_buffers(model: torch.nn.Module, info: DistInfo) -> None:
@@ -34,6 +42,32 @@ def logits_of(model: torch.nn.Module, images: torch.Tensor, tta: bool = False) -
     if tta:
         logits = (logits + model(images.flip(3))) / 2
     return logits
+
+
+class Totals:
+    """One pass's validation sums, kept on the device: loss, top-1 and top-k hits (and, with `per_class`, each
+    class's samples and top-1 hits); the sample count on the host. The arithmetic of every evaluation."""
+
+    def __init__(self, num_classes: int, device: torch.device, per_class: bool = False):
+        self.num_classes, self.topk = num_classes, min(5, num_classes)
+        self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, top-1 hits, top-k hits
+        self.classes = torch.zeros(2, num_classes, dtype=torch.float64, device=device) if per_class else None
+        self.count = 0
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add one batch's logits against its labels."""
+        hits = logits.topk(self.topk, dim=1).indices.eq(labels.view(-1, 1))
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        self.sums += torch.stack([loss.double(), hits[:, 0].sum().double(), hits.any(dim=1).sum().double()])
+        if self.classes is not None:
+            classes = self.classes
+            classes.index_put_((torch.zeros_like(labels), labels), torch.ones_like(labels, dtype=classes.dtype), True)
+            classes.index_put_((torch.ones_like(labels), labels), hits[:, 0].to(classes.dtype), True)
+        self.count += len(labels)
+
+    def scores(self, loss_sum: float, correct1: float, correctk: float, count: float) -> dict:
+        """The record's scores from sums over every rank (`count` samples, not 0)."""
+        return {"val_loss": loss_sum / count, "top1": correct1 / count, f"top{self.topk}": correctk / count}
 
 
 @torch.no_grad()
@@ -54,43 +88,58 @@ def evaluate(
     `batches` are `loader`'s (images, labels, keys) on the device; `loader` reports the damage it met.
     `per_class` adds "class_samples" and "class_top1" (hits), one count per class, summed over the ranks.
     """
-    topk = min(5, num_classes)
-    totals = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss, top-1 hits, top-k hits
-    classes = torch.zeros(2, num_classes, dtype=torch.float64, device=info.device)  # samples, top-1 hits
-    count, keys = 0, []
+    totals, keys = Totals(num_classes, info.device, per_class), []
     damage_before = loader.damage()
     for images, labels, batch_keys in batches:
         images = normalize(images, channels_last)
         with torch.autocast(info.device.type, dtype=amp, enabled=amp is not None):
-            logits = logits_of(model, images, tta)
-        hits = logits.topk(topk, dim=1).indices.eq(labels.view(-1, 1))
-        loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        totals += torch.stack([loss.double(), hits[:, 0].sum().double(), hits.any(dim=1).sum().double()])
-        if per_class:
-            classes.index_put_((torch.zeros_like(labels), labels), torch.ones_like(labels, dtype=classes.dtype), True)
-            classes.index_put_((torch.ones_like(labels), labels), hits[:, 0].to(classes.dtype), True)
-        count += len(labels)
+            totals.add(logits_of(model, images, tta), labels)
         if keep_keys:
             keys.extend(batch_keys)
     _, broken, lost = (now - before for now, before in zip(loader.damage(), damage_before, strict=True))
-    loss_sum, correct1, correctk = totals.tolist()
     loss_sum, correct1, correctk, count, broken, lost = all_sum(
-        [loss_sum, correct1, correctk, count, broken, lost], info
+        [*totals.sums.tolist(), totals.count, broken, lost], info
     )
     if count == 0:
         raise ImagenetTrainError("validation: the val shards held no samples")
     extra = {"val_broken_shards": int(broken), "val_lost_samples": int(lost)} if broken else {}
     if per_class:
-        counts = [int(n) for n in all_sum(classes.flatten().tolist(), info)]
+        counts = [int(n) for n in all_sum(totals.classes.flatten().tolist(), info)]
         extra.update(class_samples=counts[:num_classes], class_top1=counts[num_classes:])
-    record = {
-        "val_loss": loss_sum / count,
-        "top1": correct1 / count,
-        f"top{topk}": correctk / count,
-        "val_samples": int(count),
-        **extra,
-    }
-    return record, keys
+    return {**totals.scores(loss_sum, correct1, correctk, count), "val_samples": int(count), **extra}, keys
+
+
+@torch.no_grad()
+def evaluate_run(
+    model: torch.nn.Module,
+    ema: ModelEma | None,
+    batches: RunBatches,
+    info: DistInfo,
+    amp: torch.dtype | None,
+    channels_last: bool,
+    num_classes: int,
+    tta: bool,
+    epoch: int,
+    keys_dir: Path | None = None,
+) -> dict:
+    """The training run's evaluation after `epoch`: the model (and its EMA) on every rank's share of the val
+    shards; `keys_dir` (the run dir) gets the val keys this rank read (--log-keys). {} without val shards."""
+    if batches.val is None:
+        return {}
+
+    def scored(model: torch.nn.Module, keep_keys: bool = False) -> tuple[dict, list[str]]:
+        take_rank0_buffers(model, info)
+        waited = DataWait().timed(batches.val_batches(), "waiting for a val batch")
+        return evaluate(model, batches.val, waited, info, amp, channels_last, num_classes, keep_keys, tta)
+
+    model.eval()
+    with unsaved_on_stop(f"epoch {epoch}'s checkpoint is written only after its evaluation"):  # a val outage
+        record, keys = scored(model, keep_keys=keys_dir is not None)
+    if keys_dir is not None:
+        write_keys(keys_dir, "val", epoch, info.rank, keys)
+    if ema:
+        record.update(ema_scores(scored(ema.module)[0]))
+    return record
 
 
 def evaluate_weights(cfg: Any, path: str | Path, use_ema: bool = False) -> tuple[dict, DistInfo]:

@@ -4,11 +4,16 @@ one more hook; the loop reads the same with or without any of them."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from torch.distributed.algorithms.join import Join
+
 from imagenet_train.rundir.key_log import KeyLog, encode_key
-from imagenet_train.training.preempt import StepVote
+from imagenet_train.training.preempt import StepVote, Verdict
+from imagenet_train.training.replicas import sync_optimizer_state
 
 
 class StepHook:
@@ -79,11 +84,32 @@ class MidEpochCheckpoint(StepHook):
 
 
 class StopVote(StepHook):
-    """The per-step vote on a pre-emption signal or a rank's failure: every rank leaves at the same step."""
+    """The per-step vote on a pre-emption signal or a rank's failure: every rank leaves at the same step. With
+    `joined` (exact modes on several ranks, whose batch counts differ) the DDP model and the vote run under Join,
+    so ranks out of data keep voting in the shadow loop, and the optimizer state is evened out after the epoch."""
 
-    def __init__(self, vote: StepVote):
-        self.vote = vote
+    def __init__(
+        self,
+        vote: StepVote,
+        joined: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        averaged: torch.nn.Module | None = None,
+    ):
+        self.vote, self.joined, self.optimizer, self.averaged = vote, joined, optimizer, averaged
+
+    def joining(self) -> contextlib.AbstractContextManager:
+        """The epoch's Join over the DDP model and the vote (nothing without `joined`)."""
+        return Join([self.joined, self.vote]) if self.joined is not None else contextlib.nullcontext()
 
     def after_step(self, step: int) -> bool:
         """Vote; True when the ranks agreed to stop."""
         return bool(self.vote.cast())
+
+    def settle(self, stopped: bool, step: int) -> tuple[Verdict, int | None]:
+        """After the epoch's loop, every rank's final word (a rank's failure is raised here) and the steps taken
+        when the ranks stopped inside the epoch (None when it ran to its end)."""
+        verdict, (stopped_mid_epoch, steps_taken) = self.vote.settle(int(stopped), step)
+        self.vote.raise_failure(verdict)
+        if self.joined is not None:
+            sync_optimizer_state(self.optimizer, step, self.vote.info, self.averaged)
+        return verdict, steps_taken if stopped_mid_epoch else None

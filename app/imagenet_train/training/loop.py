@@ -3,7 +3,6 @@ with the per-step extras (key logs, mid-epoch checkpoints, the pre-emption vote)
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import signal
@@ -13,7 +12,6 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.join import Join
 from tqdm import tqdm
 
 from imagenet_train.config import Config
@@ -30,16 +28,15 @@ from imagenet_train.rundir.key_log import consumed_keys
 from imagenet_train.rundir.results_mirror import ResultsMirror
 from imagenet_train.rundir.run_record import EpochRecords, derived
 from imagenet_train.training import evaluation, models, progress
-from imagenet_train.training.data_wait import DataWait
 from imagenet_train.training.dist import DistInfo
-from imagenet_train.training.ema import ema_scores, final_choice, run_ema, write_final
-from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote, write_keys
+from imagenet_train.training.ema import final_choice, run_ema, write_final
+from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote
 from imagenet_train.training.losses import build_criterion
 from imagenet_train.training.mixing import batch_mixing
 from imagenet_train.training.optimizers import build_optimizer
-from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, stop_waiting, unsaved_on_stop
+from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, stop_waiting
 from imagenet_train.training.preflight import preflight_check
-from imagenet_train.training.replicas import replicas_in_sync, sync_optimizer_state
+from imagenet_train.training.replicas import replicas_in_sync
 from imagenet_train.training.step import TrainStep, amp_dtype, distribute
 from imagenet_train.training.tally import EpochTally
 from imagenet_train.training.trackers import open_tracker
@@ -160,7 +157,8 @@ class Trainer:
                     run.checkpoint_every, steps, lambda step: self._checkpoint_inside(position, step), self.vote
                 )
             )
-        return [*hooks, self.progress.at(epoch), StopVote(self.vote)]
+        joined = (self.ddp, self.step.optimizer, self.ema.averaged if self.ema else None)
+        return [*hooks, self.progress.at(epoch), StopVote(self.vote, *(joined if self.exact and info.enabled else ()))]
 
     def _owed(self, position: Position, step: int) -> int:
         """Samples of the epoch still owed after `step` (resampled mode's cut epochs; 0 in exact modes)."""
@@ -179,6 +177,7 @@ class Trainer:
         info, steps, loader = self.info, self.schedule.epoch_batches(epoch), self.batches.train
         position = self._prepare_epoch(epoch)
         hooks, stopped = self._hooks(epoch, position), False
+        vote = hooks[-1]  # the StopVote: _hooks puts it last
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         tally = EpochTally(position.step, loader.damage(), loss_sum, self.schedule.base_lr)
         bar = tqdm(
@@ -189,10 +188,9 @@ class Trainer:
             disable=not info.is_main,
             mininterval=2,
         )
-        join = Join([self.ddp, self.vote]) if self.exact and info.enabled else contextlib.nullcontext()
         self.ddp.train()
         try:
-            with bar, join:  # a stop in the wait for a batch leaves both by exception: no Join shadow loop
+            with bar, vote.joining():  # a stop in the wait for a batch leaves both by exception: no Join shadow loop
                 for images, labels, keys in tally.wait.timed(self.batches.train_batches()):
                     for hook in hooks:
                         hook.before_step(tally.step, keys)
@@ -210,42 +208,20 @@ class Trainer:
         finally:
             for hook in hooks:
                 hook.end()
-        verdict, (stopped_mid_epoch, steps_taken) = self.vote.settle(int(stopped), tally.step)
-        self.vote.raise_failure(verdict)
-        if self.exact and info.enabled:
-            sync_optimizer_state(self.step.optimizer, tally.step, info, self.ema.averaged if self.ema else None)
-        if stopped_mid_epoch:
+        verdict, steps_taken = vote.settle(stopped, tally.step)
+        if steps_taken is not None:
             owed = self._owed(position, steps_taken)
             self.stop_position = Position(epoch, steps_taken, position.segments, info.world, owed)
         self.stop_signal = verdict.signum
         return {**tally.record(loader.damage(), info), **loader.epoch_report()}
 
-    @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:
         """Loss, top-1 and top-5 over every rank's share of the val shards ({} without val shards)."""
-        if self.batches.val is None:
-            return {}
-        self.model.eval()
-        with unsaved_on_stop(f"epoch {epoch}'s checkpoint is written only after its evaluation"):  # a val outage
-            record, keys = self._evaluate(self.model, keep_keys=self.cfg.run.log_keys)
-        if self.cfg.run.log_keys:
-            write_keys(self.run_dir, "val", epoch, self.info.rank, keys)
-        if self.ema:
-            record.update(ema_scores(self._evaluate(self.ema.module)[0]))
-        return record
-
-    def _evaluate(self, model: torch.nn.Module, keep_keys: bool = False) -> tuple[dict, list[str]]:
-        evaluation.take_rank0_buffers(model, self.info)
-        return evaluation.evaluate(
-            model,
-            self.batches.val,
-            DataWait().timed(self.batches.val_batches(), "waiting for a val batch"),
-            self.info,
-            self.amp,
-            self.step.channels_last,
-            self.source.num_classes,
-            keep_keys=keep_keys,
-            tta=self.cfg.run.val_tta,
+        keys_dir = self.run_dir if self.cfg.run.log_keys else None
+        model, info, classes, tta = self.model, self.info, self.source.num_classes, self.cfg.run.val_tta
+        channels_last = self.step.channels_last
+        return evaluation.evaluate_run(
+            model, self.ema, self.batches, info, self.amp, channels_last, classes, tta, epoch, keys_dir
         )
 
     # -- the run ------------------------------------------------------------------------------
