@@ -23,6 +23,7 @@ from imagebuild import IMAGE, LocalRegistry, Podman, registry_missing
 
 from imagenet_train.ops.serve import NginxServer
 
+from .test_trackers import item_values, tracker_id, wandb_records
 from conftest import REPO, SMALL_TRAIN, read_metrics
 
 SIGNAL_OPTIONS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2 --shutdown-timeout=80"
@@ -260,3 +261,61 @@ def test_dockerfile_passes_hadolint():
     hadolint = Path(sys.executable).with_name("hadolint")
     result = subprocess.run([str(hadolint), str(REPO / "images/train/Dockerfile")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_image_carries_both_tracker_clients_at_their_pins(podman):
+    """--tracker mlflow|wandb works in a pod: both libraries import (images/train/requirements.txt)."""
+    script = "import mlflow, wandb; from importlib.metadata import version as v; print(v('mlflow-skinny'), v('wandb'))"
+    imported = run(podman, "--entrypoint", "python3", IMAGE, "-c", script)
+    assert imported.stdout.split() == ["3.17.2", "0.31.0"]  # the pyproject extras' pins
+
+
+@pytest.mark.slow  # a training run in the container (~30 s of CPU); `make image-test` runs it
+def test_wandb_offline_run_of_a_training_run_in_the_container_records_its_epochs(podman, digit_shards, tmp_path):
+    """`--tracker wandb` in the image gets past the library check and W&B's offline files hold the epoch."""
+    results = tmp_path / "results"
+    results.mkdir()
+    results.chmod(0o777)  # the container's non-root user writes here
+    result = run(
+        podman,
+        "--shm-size=1g",
+        "-v",
+        f"{digit_shards}:/shards:ro",
+        "-v",
+        f"{results}:/results",
+        IMAGE,
+        "launch",  # the pods' path: torchrun starts the rank, as in every launcher
+        "--nproc-per-node",
+        "1",
+        "--",
+        "train",
+        "--shards",
+        "/shards",
+        "--run-dir",
+        "/results/run",
+        "--epochs",
+        "1",
+        "--epoch-batches",
+        "2",
+        *SMALL_TRAIN,
+        "--workers",
+        "1",
+        "--tracker",
+        "wandb",
+        env={"WANDB_MODE": "offline", "WANDB_PROJECT": "digits"},
+        check=False,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
+    run_dir = results / "run"
+    run_id = tracker_id(run_dir)
+    folders = list((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(folders) == 1, sorted(path.name for path in (run_dir / "wandb").iterdir())
+    history = [
+        item_values(record.history.item)
+        for record in wandb_records(folders[0] / f"run-{run_id}.wandb")
+        if record.WhichOneof("record_type") == "history"
+    ]
+    lines = read_metrics(run_dir)
+    assert [values["epoch"] for values in history] == [line["epoch"] for line in lines] == [0]
+    assert history[0]["train_loss"] == pytest.approx(lines[0]["train_loss"])
