@@ -239,6 +239,8 @@ def check_archive(path: Path, what: str = "checkpoint") -> None:
             return  # not a torch file: torch.load refuses it in one line
     except OSError:
         return  # torch.load says what is wrong with it, in one line
+    except zipfile.BadZipFile:  # is_zipfile found an end record it could not read (a damaged ZIP64 locator)
+        raise ImagenetTrainError(f"{path}: unreadable {what} (a damaged zip directory: BadZipFile)") from None
     try:
         with zipfile.ZipFile(path) as archive:
             records = archive.infolist()
