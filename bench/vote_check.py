@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from imagenet_train.training.dist import DistInfo
-from imagenet_train.training.preempt import StepVote, StopRequest
+from imagenet_train.training.hooks import StepVote, StopRequest
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
 dist.init_process_group("nccl", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))

@@ -7,7 +7,7 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from imagenet_train.training.data_wait import DataWait
+from imagenet_train.training.progress import DataWait
 
 from conftest import SMALL_TRAIN, cli, read_metrics, torchrun
 

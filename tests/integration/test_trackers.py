@@ -192,7 +192,7 @@ def test_a_tracker_that_is_down_does_not_stop_or_hold_up_training(digit_shards, 
 
 
 def test_sends_to_a_tracker_that_is_down_return_at_once_and_warn_once_a_minute(tmp_path, monkeypatch, caplog):
-    from imagenet_train.training.trackers import TrackerSink
+    from imagenet_train.rundir.trackers import TrackerSink
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port('127.0.0.1')}")  # nothing listens
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

@@ -14,7 +14,7 @@ import pytest
 from status_server import StatusServer, body_problems, make_pki
 
 from imagenet_train.training import progress
-from imagenet_train.training.trainer_status import CA_VAR, TOKEN_VAR, URL_VAR, status_body
+from imagenet_train.training.progress import CA_VAR, TOKEN_VAR, URL_VAR, status_body
 
 from conftest import SMALL_TRAIN, read_metrics, torchrun
 
@@ -108,7 +108,7 @@ SCHEDULE = SimpleNamespace(total=400, interval=200, epochs=2, global_batch=64)
 
 @pytest.mark.parametrize("failure", ["down", "http 500", "other CA", "hung"])
 def test_a_failing_endpoint_never_holds_up_a_step_and_warns_once(failure, pki, caplog):
-    caplog.set_level(logging.WARNING, logger="imagenet_train.training.trainer_status")
+    caplog.set_level(logging.WARNING, logger="imagenet_train.training.progress")
     hung = Unanswering() if failure == "hung" else None
     cert, key = (pki.other_cert, pki.other_key) if failure == "other CA" else (pki.cert, pki.key)
     with StatusServer(cert, key, TOKEN, fail_with=500 if failure == "http 500" else 0) as server:

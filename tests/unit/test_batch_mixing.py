@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from imagenet_train.training.evaluation import logits_of
-from imagenet_train.training.mixing import batch_mixing
-from imagenet_train.training.step import TrainStep
+from imagenet_train.training.step import TrainStep, batch_mixing
 
 pytestmark = pytest.mark.unit
 

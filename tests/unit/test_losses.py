@@ -7,9 +7,7 @@ import torch.nn.functional as F
 
 from imagenet_train.config import Config, OptimConfig
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.training.losses import build_criterion
-from imagenet_train.training.mixing import batch_mixing
-from imagenet_train.training.step import TrainStep, sync_batchnorm
+from imagenet_train.training.step import TrainStep, batch_mixing, build_criterion, sync_batchnorm
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from imagenet_train.config import Config
-from imagenet_train.training.trackers import TRACKER_FILE, epoch_metrics, flat_params, param_text, saved_run_id
+from imagenet_train.rundir.trackers import TRACKER_FILE, epoch_metrics, flat_params, param_text, saved_run_id
 
 pytestmark = pytest.mark.unit
 

@@ -30,9 +30,8 @@ from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import models
 from imagenet_train.training.evaluation import Totals
-from imagenet_train.training.losses import build_criterion
-from imagenet_train.training.optimizers import build_optimizer
-from imagenet_train.training.preflight import preflight_check
+from imagenet_train.training.run import preflight_check
+from imagenet_train.training.step import build_criterion, build_optimizer
 
 
 def refuse_uneven_modes(cfg: Config) -> None:

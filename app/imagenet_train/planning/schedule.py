@@ -9,6 +9,8 @@ from typing import Any, NamedTuple
 
 from imagenet_train.planning import optimization, plan
 from imagenet_train.planning.optimization import LrCurve, LrSchedule, Opt, WarmupMethod, scaled_lr
+from imagenet_train.planning.position import Position
+from imagenet_train.planning.resume import EpochStart, epoch_start
 
 
 class Accumulation(NamedTuple):
@@ -203,3 +205,13 @@ class Schedule:
             optimization.warmup_advice(self.curve.warmup, self.curve.total),
         ]
         return [line for line in found if line]
+
+    @property
+    def exact(self) -> bool:
+        """Every sample once per epoch (split and queue modes): ranks may get uneven batch counts, under Join."""
+        return self.mode in (plan.Mode.SPLIT, plan.Mode.QUEUE)
+
+    def start(self, saved: Position | None, epoch: int) -> EpochStart:
+        """Where `epoch` starts on this schedule's ranks, from the position a checkpoint saved (if any)."""
+        steps = self.epoch_batches(epoch)
+        return epoch_start(saved, epoch, self.mode, self.world, self.batch_size, steps, self.epoch_batches_option)

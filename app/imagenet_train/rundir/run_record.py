@@ -23,7 +23,7 @@ METRICS = "metrics.jsonl"
 MAX_METRICS_BYTES = 64 << 20  # a line per epoch is a few hundred bytes; a bigger file is not one we wrote
 
 
-# What this module needs of training/'s DistInfo and TrackerSink, named here: rundir/ sits below training/.
+# What this module needs of training/'s DistInfo (rundir/ sits below training/) and of a tracker's run.
 class Launch(Protocol):
     """Where this rank runs: the world size and its device (training.dist.DistInfo)."""
 
@@ -32,7 +32,7 @@ class Launch(Protocol):
 
 
 class Tracker(Protocol):
-    """An experiment tracker's run (training.trackers.TrackerSink)."""
+    """An experiment tracker's run (rundir.trackers.TrackerSink, or a test's own)."""
 
     def begin(self, resolved: dict) -> None:
         """Open the tracker run with the resolved settings."""

@@ -94,24 +94,3 @@ def ema_weights(path: str | Path) -> dict[str, torch.Tensor]:
             f"--ema: {path} holds no EMA weights; expected a checkpoint of a run trained with --model-ema"
         ) from None
     return {key.removeprefix("module."): value for key, value in state.items() if key.startswith("module.")}
-
-
-def final_choice(record: dict, ema: ModelEma | None) -> str:
-    """'ema' when the EMA's last top-1 beats the model's, else 'raw'."""
-    if ema is not None and record.get(PREFIX + "top1", -1.0) > record.get("top1", -1.0):
-        return "ema"
-    return "raw"
-
-
-def write_final(run_dir: Path, model: torch.nn.Module, ema: ModelEma | None, record: dict) -> str:
-    """Write RUN_DIR/final.pt from the raw or the EMA weights (the better last top-1); returns which."""
-    choice = final_choice(record, ema)
-    chosen = ema.module if choice == "ema" and ema is not None else model
-    path = Path(run_dir) / FINAL
-    checkpoint.save(chosen.state_dict(), path)
-    if ema is not None and "top1" in record:
-        scores = f"top-1 {record[PREFIX + 'top1']:.4f} EMA, {record['top1']:.4f} raw"
-    else:
-        scores = "no EMA" if ema is None else "no evaluation to compare"
-    print(f"final weights: {'EMA' if choice == 'ema' else 'raw'} ({scores}) in {path}", flush=True)
-    return choice

@@ -16,11 +16,11 @@ from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.normalize import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
-from imagenet_train.training.data_wait import DataWait
+from imagenet_train.rundir import checkpoint
 from imagenet_train.training.dist import DistInfo, all_sum
-from imagenet_train.training.ema import ema_scores
-from imagenet_train.training.hooks import write_keys
-from imagenet_train.training.preempt import unsaved_on_stop
+from imagenet_train.training.ema import FINAL, PREFIX, ema_scores
+from imagenet_train.training.hooks import unsaved_on_stop, write_keys
+from imagenet_train.training.progress import DataWait
 
 if TYPE_CHECKING:
     from imagenet_train.loading.batches import RunBatches
@@ -191,3 +191,24 @@ def evaluate_weights(cfg: Any, path: str | Path, use_ema: bool = False) -> tuple
         return record, info
     finally:
         cleanup()
+
+
+def final_choice(record: dict, ema: ModelEma | None) -> str:
+    """'ema' when the EMA's last top-1 beats the model's, else 'raw'."""
+    if ema is not None and record.get(PREFIX + "top1", -1.0) > record.get("top1", -1.0):
+        return "ema"
+    return "raw"
+
+
+def write_final(run_dir: Path, model: torch.nn.Module, ema: ModelEma | None, record: dict) -> str:
+    """Write RUN_DIR/final.pt from the raw or the EMA weights (the better last top-1); returns which."""
+    choice = final_choice(record, ema)
+    chosen = ema.module if choice == "ema" and ema is not None else model
+    path = Path(run_dir) / FINAL
+    checkpoint.save(chosen.state_dict(), path)
+    if ema is not None and "top1" in record:
+        scores = f"top-1 {record[PREFIX + 'top1']:.4f} EMA, {record['top1']:.4f} raw"
+    else:
+        scores = "no EMA" if ema is None else "no evaluation to compare"
+    print(f"final weights: {'EMA' if choice == 'ema' else 'raw'} ({scores}) in {path}", flush=True)
+    return choice

@@ -18,28 +18,23 @@ from imagenet_train.config import Config
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.errors import ImagenetTrainError, Preempted
 from imagenet_train.loading.batches import RunBatches, seed_augmentation
-from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.position import Position
-from imagenet_train.planning.resolution import CropSchedule
-from imagenet_train.planning.resume import epoch_start
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.rundir import checkpoint
-from imagenet_train.rundir.key_log import consumed_keys
-from imagenet_train.rundir.results_mirror import ResultsMirror
-from imagenet_train.rundir.run_record import EpochRecords, derived
-from imagenet_train.training import evaluation, models, progress
+from imagenet_train.rundir.directory import RunDirectory
+from imagenet_train.training import evaluation, progress, step
 from imagenet_train.training.dist import DistInfo
-from imagenet_train.training.ema import final_choice, run_ema, write_final
-from imagenet_train.training.hooks import KeysRead, MidEpochCheckpoint, PositionLog, StepHook, StopVote
-from imagenet_train.training.losses import build_criterion
-from imagenet_train.training.mixing import batch_mixing
-from imagenet_train.training.optimizers import build_optimizer
-from imagenet_train.training.preempt import StepVote, Stopping, StopRequest, stop_waiting
-from imagenet_train.training.preflight import preflight_check
-from imagenet_train.training.replicas import replicas_in_sync
-from imagenet_train.training.step import TrainStep, amp_dtype, distribute
-from imagenet_train.training.tally import EpochTally
-from imagenet_train.training.trackers import open_tracker
+from imagenet_train.training.hooks import (
+    KeysRead,
+    MidEpochCheckpoint,
+    PositionLog,
+    StepHook,
+    StepVote,
+    Stopping,
+    StopRequest,
+    StopVote,
+    replicas_in_sync,
+    stop_waiting,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,40 +48,29 @@ class Trainer:
         self.cfg, self.info, self.source = cfg, info, source
         data, run = cfg.data, cfg.run
         self.vote = StepVote(request or StopRequest(), info)
-        self.exact = data.mode in (Mode.SPLIT, Mode.QUEUE)  # every sample once; uneven batch counts under Join
-        self.run_dir = Path(run.run_dir)
-        torch.manual_seed(run.seed)  # identical initial weights on every rank
-        channels_last = run.channels_last and info.device.type == "cuda"
-        model = models.create(run, source.num_classes, info.is_main)
-        self.model, self.ddp, forward = distribute(
-            model, info, channels_last, run.compile, self.exact, data.batch_size, CropSchedule.of(data), run.sync_bn
-        )
-        seed_augmentation(run.seed, info.rank)
         self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
-        optimizer = build_optimizer(cfg.optim, self.model, self.schedule.base_lr)
-        self.amp = amp_dtype(run.amp, info.device)
-        criterion = build_criterion(cfg.optim)
-        mixing = batch_mixing(cfg.optim.mixup_alpha, cfg.optim.cutmix_alpha, source.num_classes)
-        self.step = TrainStep(
-            self.model, forward, optimizer, criterion, self.amp, channels_last, cfg.optim.clip_grad_norm, mixing
-        )
-        preflight_check(cfg, source.train_sizes, info.world, info.is_main)
+        self.exact = self.schedule.exact  # every sample once; uneven batch counts under Join
+        self.step = step.build(cfg, info, source.num_classes, self.schedule)
+        self.model, self.ddp, self.ema, self.amp = self.step.model, self.step.wrapper, self.step.ema, self.step.amp
+        seed_augmentation(run.seed, info.rank)
         for advice in self.schedule.advice() if info.is_main else ():  # a large batch with plain SGD, say
             log.warning("pre-flight: %s", advice)
         steps, length = self.schedule.epoch_batches(0), self.schedule.interval_epochs  # the ramp's data epochs
         self.batches = RunBatches(cfg, info.rank, info.world, info.device, source, steps, length)
         facts = {"schedule": self.schedule.facts(), "config": json.loads(cfg.to_json())}
-        self.state = checkpoint.RunState(
-            self.run_dir, {"model": self.model, "optimizer": optimizer, "scaler": self.step.scaler}, facts
+        parts = {"model": self.model, "optimizer": self.step.optimizer, "scaler": self.step.scaler}
+        self.dir = RunDirectory(run, data.io_timeout, info.local_rank, info.is_main, parts, facts)
+        self.run_dir, self.state, self.mirror, self.records = (
+            self.dir.path,
+            self.dir.state,
+            self.dir.mirror,
+            self.dir.records,
         )
-        self.ema = run_ema(self.model, cfg.optim, self.schedule)
         if self.ema:
             self.state.add("ema", self.ema)
         self.start_epoch, self.position = 0, None  # position: set when resuming inside an epoch
         self.stop_position: Position | None = None  # where a pre-emption stopped the epoch
         self.stop_signal = 0
-        self.mirror = ResultsMirror(self.run_dir, run.results, data.io_timeout, info.local_rank)
-        self.records = EpochRecords(self.run_dir, run.tensorboard, open_tracker(run)) if info.is_main else None
         self.progress = progress.RunProgress.of(self.schedule, info.is_main)  # the TrainJob's status (rank 0)
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -99,7 +83,7 @@ class Trainer:
             self.mirror.fetch_for_resume(info.is_main)
             if info.enabled:
                 dist.barrier()  # every node's local rank 0 has fetched before any rank looks for the checkpoint
-        path = checkpoint.resume_path(run.resume, str(self.run_dir), info.rank, info.world)
+        path = self.dir.checkpoint_for(run.resume, info.rank, info.world)
         if path is None:
             if info.is_main:
                 log.warning("no checkpoint in %s; starting from epoch 0", self.run_dir)
@@ -125,11 +109,10 @@ class Trainer:
     # -- one epoch ----------------------------------------------------------------------------
     def _prepare_epoch(self, epoch: int) -> Position:
         """Point the loader at this epoch, or at what is left of it when resuming inside it."""
-        data, info = self.cfg.data, self.info
-        steps = self.schedule.epoch_batches(epoch)
-        start = epoch_start(self.position, epoch, data.mode, info.world, data.batch_size, steps, data.epoch_batches)
+        info = self.info
+        start = self.schedule.start(self.position, epoch)
         self.position = None
-        skip = frozenset(consumed_keys(self.run_dir, start.resumed_from) if start.skip_consumed else ())
+        skip = self.dir.consumed_keys(start.resumed_from) if start.skip_consumed else frozenset()
         self.batches.train.start_epoch(epoch, skip_keys=skip, resume_tag=start.resume_tag, batches=start.batches)
         saved = start.resumed_from
         if start.world_changed and info.is_main:
@@ -179,7 +162,7 @@ class Trainer:
         hooks, stopped = self._hooks(epoch, position), False
         vote = hooks[-1]  # the StopVote: _hooks puts it last
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
-        tally = EpochTally(position.step, loader.damage(), loss_sum, self.schedule.base_lr)
+        tally = progress.EpochTally(position.step, loader.damage(), loss_sum, self.schedule.base_lr)
         bar = tqdm(
             total=steps,
             initial=tally.step,
@@ -228,11 +211,7 @@ class Trainer:
     def run(self) -> dict:
         """Train from the start (or the resumed point) to the last epoch; returns the last epoch's record."""
         self.resume()
-        if self.records:
-            self.records.begin(
-                self.cfg.to_json(),
-                derived(self.info, self.schedule, self.source, self.amp, self.start_epoch, self.cfg.data),
-            )
+        self.dir.begin(self.cfg, self.info, self.schedule, self.source, self.amp, self.start_epoch)
         last: dict = {}
         for epoch in range(self.start_epoch, self.schedule.epochs):
             started = time.time()
@@ -242,9 +221,11 @@ class Trainer:
             if (epoch + 1) % self.cfg.run.eval_every == 0 or epoch + 1 == self.schedule.epochs:
                 record.update(self.evaluate(epoch))
             if epoch + 1 == self.schedule.epochs:  # RUN_DIR/final.pt: raw or EMA, whichever scored better
-                record["final_weights"] = final_choice(record, self.ema)
+                record["final_weights"] = evaluation.final_choice(record, self.ema)
                 if self.info.is_main:
-                    self.vote.guard(write_final, self.run_dir, self.model, self.ema, record)  # settled at the save
+                    self.vote.guard(
+                        evaluation.write_final, self.run_dir, self.model, self.ema, record
+                    )  # settled at the save
             last = self.finish_epoch(epoch, record, started)
         if self.records:
             self.records.close()

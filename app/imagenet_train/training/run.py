@@ -12,10 +12,11 @@ from imagenet_train import waiting
 from imagenet_train.config import Config
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
+from imagenet_train.planning import plan
+from imagenet_train.rundir.trackers import check_installed
 from imagenet_train.training.dist import DistInfo, cleanup, init_distributed, is_peer_lost, peer_lost_reason
+from imagenet_train.training.hooks import StopRequest
 from imagenet_train.training.loop import Trainer
-from imagenet_train.training.preempt import StopRequest
-from imagenet_train.training.trackers import check_installed
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     try:
         with waiting.interruptible("fetching the shard index"):
             source = run_source(cfg.data)
+        preflight_check(cfg, source.train_sizes, info.world, info.is_main)  # before the model: a plan that hangs
         with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
             trainer = Trainer(cfg, info, source, request)  # DDP's constructor broadcasts: a peer can be lost here
         return trainer.run()
@@ -89,3 +91,19 @@ def _left_unsaved(info: DistInfo, signum: int, where: str, reason: str) -> Preem
         flush=True,
     )
     return Preempted(signum)
+
+
+def preflight_check(
+    cfg: Config, train_sizes: list[int] | None, world: int, warn: bool = False
+) -> plan.Assessment | None:
+    """The planner's verdict on `world` ranks training `cfg`; raises if they would hang (unless --force), and
+    with `warn` logs any other verdict but OK (every rank reaches the same verdict from the same inputs)."""
+    if train_sizes is None:
+        return None
+    setup = plan.Setup.of(cfg.data, cfg.run.seed, train_sizes, gpus_per_node=world)
+    assessment = plan.assess(setup)
+    if assessment.hangs and not cfg.run.force:
+        raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
+    if warn and assessment.level is not plan.Verdict.OK:
+        log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
+    return assessment

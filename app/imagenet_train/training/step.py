@@ -1,22 +1,31 @@
-"""The model as each rank trains it (on the device, under DDP, compiled) and one optimisation step on a device
-batch: normalise, transform the batch (MixUp/CutMix, when on), forward under autocast, scaled backward, clip,
-step."""
+"""The training step of a run: the model as each rank trains it (on the device, under DDP, compiled), what it
+optimises with (the optimizer over its weight-decay groups, the loss, MixUp/CutMix, the EMA: `build`), and one
+optimisation step on a device batch: normalise, transform the batch, forward under autocast, scaled backward,
+clip, step."""
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from imagenet_train.choices import Amp
+from imagenet_train.compat import ensure_torchvision, require_timm
+from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.normalize import normalize
+from imagenet_train.planning.optimization import Loss, Opt
 from imagenet_train.planning.resolution import CropSchedule
-from imagenet_train.planning.schedule import ONE_STEP, Accumulation
+from imagenet_train.planning.schedule import ONE_STEP, Accumulation, Schedule
+from imagenet_train.training import models
 from imagenet_train.training.dist import DistInfo
+from imagenet_train.training.ema import ModelEma, run_ema
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +126,12 @@ class TrainStep:
         channels_last: bool,
         clip_grad_norm: float = 0.0,
         batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
+        wrapper: torch.nn.Module | None = None,
+        ema: ModelEma | None = None,
     ):
         self.model, self.forward, self.optimizer, self.criterion = model, forward, optimizer, criterion
+        self.wrapper = wrapper or model  # what trains: DDP's wrapper, or the model itself on one process
+        self.ema = ema  # --model-ema's average of the weights (a step hook updates it), or None
         inner = getattr(forward, "_orig_mod", forward)  # torch.compile's wrapper holds the DDP module here
         self.ddp = inner if isinstance(inner, DistributedDataParallel) else None  # accumulating steps skip its sync
         self.batch_transform = batch_transform  # on the normalised device batch (MixUp/CutMix: soft targets)
@@ -156,3 +169,145 @@ class TrainStep:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         return loss.detach().double()
+
+
+def build_criterion(optim_cfg: Any) -> torch.nn.Module:
+    """The --loss criterion with --label-smoothing (and --bce-target-threshold); OptimConfig is read by name."""
+    if Loss(optim_cfg.loss) is Loss.CE:
+        return torch.nn.CrossEntropyLoss(label_smoothing=optim_cfg.label_smoothing)
+    require_timm("--loss bce")
+    from timm.loss import BinaryCrossEntropy
+
+    # timm smooths hard labels here; soft targets (MixUp/CutMix) are taken as they are, which in timm's train.py
+    # are smoothed by its own Mixup (torchvision's MixUp/CutMix, used here, do not smooth).
+    threshold = optim_cfg.bce_target_threshold or None
+    return BinaryCrossEntropy(smoothing=optim_cfg.label_smoothing, target_threshold=threshold)
+
+
+# torchvision's train.py --transformer-embedding-decay keys (a parameter's own name), and torchvision ViT's
+# pos_embedding, which that list misses ("position_embedding" names no torchvision parameter).
+TORCHVISION_EMBEDDINGS = ("class_token", "position_embedding", "relative_position_bias_table", "pos_embedding")
+NORM_CLASSES = (  # torchvision's set_weight_decay's
+    torch.nn.modules.batchnorm._BatchNorm,
+    torch.nn.LayerNorm,
+    torch.nn.GroupNorm,
+    torch.nn.modules.instancenorm._InstanceNorm,
+    torch.nn.LocalResponseNorm,
+)
+
+
+@dataclass(frozen=True)
+class Decays:
+    """The weight decay of each kind of parameter (the run's --*-weight-decay settings)."""
+
+    weights: float
+    norms: float = 0.0
+    biases: float = 0.0
+    embeddings: float = 0.0
+
+    @classmethod
+    def of(cls, optim_cfg: Any) -> Decays:
+        """The decays a run's OptimConfig names."""
+        return cls(
+            optim_cfg.weight_decay,
+            optim_cfg.norm_weight_decay,
+            optim_cfg.bias_weight_decay,
+            optim_cfg.transformer_embedding_decay,
+        )
+
+
+def parameter_groups(model: torch.nn.Module, decays: Decays | float) -> list[dict]:
+    """The parameters grouped by weight decay, as torchvision's set_weight_decay with timm's exemptions.
+
+    First match wins: transformer embeddings (timm's model.no_weight_decay() names, torchvision's keys),
+    normalisation layers' parameters, the other biases, then every other one-dimensional parameter at no decay
+    (timm's param_groups_weight_decay rule: layer scales, say), and the rest at --weight-decay. Norms before
+    biases reproduces torchvision's recipes that set --norm-weight-decay alone (RN50 v2: BN biases 0, the
+    classifier's bias decayed); torchvision differs only where both are set apart (its bias key wins there).
+    With the default decays (all 0) this is timm's param_groups_weight_decay. The first group holds the weights
+    (the ones LARS and LAMB adapt)."""
+    decays = decays if isinstance(decays, Decays) else Decays(decays)
+    exempt = getattr(model, "no_weight_decay", None)  # timm's models name their embeddings here
+    timm_embeddings = tuple(exempt()) if callable(exempt) else ()
+    # Keyed by (decay, adapted): the weights' group first, then one group per other decay, so the default run
+    # has the two groups (weights, then the rest in model order) that checkpoints of earlier versions hold.
+    groups: dict[tuple[float, bool], list] = {(decays.weights, True): []}
+    for module_name, module in model.named_modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            if not parameter.requires_grad:
+                continue
+            full = f"{module_name}.{name}" if module_name else name
+            if name in TORCHVISION_EMBEDDINGS or any(fnmatch.fnmatch(full, p) for p in timm_embeddings):
+                key = (decays.embeddings, False)
+            elif isinstance(module, NORM_CLASSES):
+                key = (decays.norms, False)
+            elif name == "bias":
+                key = (decays.biases, False)
+            else:
+                key = (decays.weights, True) if parameter.ndim > 1 else (0.0, False)
+            groups.setdefault(key, []).append(parameter)
+    return [{"params": params, "weight_decay": decay} for (decay, _), params in groups.items() if params]
+
+
+def build_optimizer(optim_cfg: Any, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The --opt optimizer over `model`'s parameters at `lr` (the run's OptimConfig is read by name)."""
+    opt = Opt(optim_cfg.opt)
+    groups = parameter_groups(model, Decays.of(optim_cfg))
+    if opt is Opt.SGD:
+        return torch.optim.SGD(groups, lr=lr, momentum=optim_cfg.momentum, nesterov=optim_cfg.nesterov)
+    if opt is Opt.ADAMW:
+        return torch.optim.AdamW(groups, lr=lr)
+    require_timm(f"--opt {opt}")
+    from timm.optim import Lamb, Lars
+
+    # timm adapts a group's LR by its trust ratio only where the group decays, unless always_adapt: say it per
+    # group, so weights are adapted even under --weight-decay 0 and biases, norms and embeddings never are.
+    for index, group in enumerate(groups):
+        group["always_adapt"] = index == 0  # the weights' group comes first
+    if opt is Opt.LARS:
+        return Lars(groups, lr=lr, momentum=optim_cfg.momentum, nesterov=optim_cfg.nesterov)
+    return Lamb(groups, lr=lr)
+
+
+BatchTransform = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def batch_mixing(mixup_alpha: float, cutmix_alpha: float, num_classes: int) -> BatchTransform | None:
+    """The batch transform for the given alphas (0 turns one off), or None when both are off."""
+    ensure_torchvision()
+    from torchvision.transforms import v2
+
+    chosen = []
+    if mixup_alpha > 0:
+        chosen.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
+    if cutmix_alpha > 0:
+        chosen.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
+    if not chosen:
+        return None
+    return chosen[0] if len(chosen) == 1 else v2.RandomChoice(chosen)
+
+
+def build(cfg: Config, info: DistInfo, num_classes: int, schedule: Schedule) -> TrainStep:
+    """The run's training step on this rank: its model (the same initial weights on every rank) on the device as
+    the run's settings wrap it, the optimizer at the schedule's base LR, the loss, MixUp/CutMix and the EMA."""
+    data, optim, run = cfg.data, cfg.optim, cfg.run
+    torch.manual_seed(run.seed)  # identical initial weights on every rank
+    channels_last = run.channels_last and info.device.type == "cuda"
+    model = models.create(run, num_classes, info.is_main)
+    crops = CropSchedule.of(data)
+    model, ddp, forward = distribute(
+        model, info, channels_last, run.compile, schedule.exact, data.batch_size, crops, run.sync_bn
+    )
+    optimizer = build_optimizer(optim, model, schedule.base_lr)
+    return TrainStep(
+        model,
+        forward,
+        optimizer,
+        build_criterion(optim),
+        amp_dtype(run.amp, info.device),
+        channels_last,
+        optim.clip_grad_norm,
+        batch_mixing(optim.mixup_alpha, optim.cutmix_alpha, num_classes),
+        wrapper=ddp,
+        ema=run_ema(model, optim, schedule),
+    )
