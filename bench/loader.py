@@ -19,7 +19,7 @@ import torch
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.loading.dali import available as dali_available
-from imagenet_train.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
+from imagenet_train.loading.device import IMAGENET_MEAN, IMAGENET_STD, normalize
 from imagenet_train.loading.presets import TrainPreset
 
 try:

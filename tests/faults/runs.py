@@ -20,7 +20,7 @@ import pytest
 
 from imagenet_train.planning.position import Position
 from imagenet_train.rundir.checkpoint import latest, load
-from imagenet_train.rundir.key_log import epoch_folder
+from imagenet_train.rundir.directory import epoch_folder
 
 from conftest import CHECKPOINTING_TRAIN, child_pids
 

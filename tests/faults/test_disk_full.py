@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from imagenet_train.ops.serve import NginxServer
-from imagenet_train.rundir.key_log import consumed_keys
+from imagenet_train.rundir.directory import consumed_keys
 
 from .injectors import grow_tmpfs, small_tmpfs, train_keys
 from .runs import (

@@ -14,7 +14,7 @@ import pytest
 from imagenet_train.errors import RETRY_EXIT
 from imagenet_train.ops.serve import NginxServer, free_port
 from imagenet_train.planning import plan
-from imagenet_train.rundir.key_log import consumed_keys
+from imagenet_train.rundir.directory import consumed_keys
 
 from .injectors import train_keys
 from .runs import (

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from imagenet_train.datasets.source import resolve_source
-from imagenet_train.loading.normalize import normalize, normalize_constants
-from imagenet_train.loading.prefetch import device_batches
+from imagenet_train.loading.device import device_batches, normalize, normalize_constants
 from imagenet_train.loading.presets import ValPreset
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 

@@ -12,7 +12,7 @@ import pytest
 
 from imagenet_train.planning import plan
 from imagenet_train.planning.position import Position
-from imagenet_train.rundir.key_log import consumed_keys
+from imagenet_train.rundir.directory import consumed_keys
 
 from conftest import CHECKPOINTING_TRAIN, child_pids, read_metrics, torchrun
 

@@ -22,7 +22,7 @@ from imagenet_train.io.cache import cache_path
 from imagenet_train.loading.stages import ShardReading, samples_in_tar
 from imagenet_train.planning.position import Position
 from imagenet_train.rundir import checkpoint
-from imagenet_train.rundir.key_log import KeyLog, consumed_keys
+from imagenet_train.rundir.directory import KeyLog, consumed_keys
 from security.test_state_attacks import _as_nobody, nobody_python  # noqa: F401 (a fixture: Python nobody may run)
 
 

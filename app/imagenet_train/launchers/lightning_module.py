@@ -24,7 +24,7 @@ from imagenet_train.config import Config
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.batches import seed_augmentation, train_loader, val_loader
-from imagenet_train.loading.normalize import normalize
+from imagenet_train.loading.device import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule

@@ -16,8 +16,8 @@ import torch
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.loading.batching import Batch
 from imagenet_train.loading.dali import DaliAugment, DaliDecoder, jpeg_bytes, pack_jpegs
+from imagenet_train.loading.device import device_batches
 from imagenet_train.loading.options import Decoder
-from imagenet_train.loading.prefetch import device_batches
 from imagenet_train.loading.presets import TrainPreset, ValPreset
 from imagenet_train.loading.shard_queue import job_queue
 from imagenet_train.loading.stages import ShardReading

@@ -1,19 +1,32 @@
-"""A run's directory as the trainer uses it: the checkpoints with the state they restore, the epoch records and
-their experiment tracker (rank 0), the key logs of the samples already read, and the mirror to --results."""
+"""A run's directory as the trainer uses it (`RunDirectory`): the checkpoints with the state they restore, the
+epoch records and their experiment tracker (rank 0), the mirror to --results, and the position key logs.
+
+The key logs say which sample keys each rank fetched in each segment of an epoch, read back on a mid-epoch resume
+to skip what a checkpoint already consumed (the arithmetic is planning/position.py's). Each rank appends one line
+per batch it fetches, before the step runs, to `RUN_DIR/position/epoch-EEEE/rank-RRRR-from-SSSSSS.keys`
+("<batch index> <key> <key> ..."), where S is the step the segment started at.
+
+Keys come from tar member names, which are shard input: one may hold a newline, a space or bytes that are not
+UTF-8. Each key is written percent-encoded (its UTF-8 bytes, undecodable ones as they were in the tar), so no
+key can start a line of its own or split into two keys; the resume reads only lines that are whole
+(newline-terminated) and made of a batch index and well-formed encoded keys, and ignores the rest, so a
+forged or torn line can at worst repeat samples, never skip one that was not trained.
+"""
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
 from imagenet_train.config import Config, RunConfig
 from imagenet_train.datasets.source import DataSource
-from imagenet_train.planning.position import Position
+from imagenet_train.planning.position import Position, consumed_spans
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.rundir.checkpoint import RunState, Stateful, resume_path
-from imagenet_train.rundir.key_log import consumed_keys
 from imagenet_train.rundir.results_mirror import ResultsMirror
 from imagenet_train.rundir.run_record import EpochRecords, Launch, derived
 from imagenet_train.rundir.trackers import open_tracker
@@ -51,3 +64,63 @@ class RunDirectory:
         """Rank 0: config.json with what the run derived from its settings and launch, and the tracker's run."""
         if self.records:
             self.records.begin(cfg.to_json(), derived(info, schedule, source, amp, epoch, cfg.data))
+
+
+# A batch index, then keys as `encode_key` writes them (unreserved ASCII and '/', or %XX escapes).
+_LINE = re.compile(r"(0|[1-9][0-9]{0,11})((?: (?:[A-Za-z0-9_.~/-]|%[0-9A-F]{2})+)*)")
+
+
+def encode_key(key: str) -> str:
+    """A sample key as one printable token with no space or line break, which `decode_key` reverses."""
+    return urllib.parse.quote(key.encode("utf-8", "surrogateescape"), safe="/")
+
+
+def decode_key(token: str) -> str:
+    """The key `encode_key` wrote (undecodable bytes come back as the tar reader gives them)."""
+    return urllib.parse.unquote_to_bytes(token).decode("utf-8", "surrogateescape")
+
+
+def epoch_folder(run_dir: str | Path, epoch: int) -> Path:
+    """The folder of one epoch's key logs."""
+    return Path(run_dir) / "position" / f"epoch-{epoch:04d}"
+
+
+class KeyLog:
+    """This rank's log of fetched batches for one segment of one epoch."""
+
+    def __init__(self, run_dir: str | Path, epoch: int, rank: int, start: int):
+        folder = epoch_folder(run_dir, epoch)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"rank-{rank:04d}-from-{start:06d}.keys"
+        self.stream: TextIO = open(path, "a", encoding="ascii")  # noqa: SIM115 (open all epoch)
+
+    def fetched(self, index: int, keys: list[str]) -> None:
+        """Record the sample keys of batch `index`, written out before its step runs."""
+        # Flushed per batch: a SIGKILL loses nothing the OS already has.
+        self.stream.write(" ".join([str(index), *map(encode_key, keys)]) + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """Close the log file."""
+        self.stream.close()
+
+
+def logged_batches(text: str) -> list[tuple[int, list[str]]]:
+    """(batch index, keys) of every well-formed, newline-terminated line of a key log; other lines are ignored."""
+    batches = []
+    for line in text.split("\n")[:-1]:  # the last piece has no newline: torn by a crash, or empty
+        if match := _LINE.fullmatch(line):
+            batches.append((int(match.group(1)), [decode_key(token) for token in match.group(2).split()]))
+    return batches
+
+
+def consumed_keys(run_dir: str | Path, position: Position) -> set[str]:
+    """Every key all ranks consumed in `position.epoch` before `position.step`, over all its segments."""
+    folder = epoch_folder(run_dir, position.epoch)
+    keys: set[str] = set()
+    for start, stop in consumed_spans(position):
+        for log in sorted(folder.glob(f"rank-*-from-{start:06d}.keys")):
+            for index, logged in logged_batches(log.read_text(encoding="ascii", errors="replace")):
+                if start <= index < stop:
+                    keys.update(logged)
+    return keys

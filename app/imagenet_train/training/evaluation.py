@@ -13,18 +13,18 @@ import torch
 import torch.distributed as dist
 
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.loading.normalize import normalize
+from imagenet_train.loading.device import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import Mode
 from imagenet_train.rundir import checkpoint
 from imagenet_train.training.dist import DistInfo, all_sum
-from imagenet_train.training.ema import FINAL, PREFIX, ema_scores
 from imagenet_train.training.hooks import unsaved_on_stop, write_keys
 from imagenet_train.training.progress import DataWait
+from imagenet_train.training.step import FINAL, PREFIX, ema_scores
 
 if TYPE_CHECKING:
     from imagenet_train.loading.batches import RunBatches
-    from imagenet_train.training.ema import ModelEma
+    from imagenet_train.training.step import ModelEma
 
 
 def take_rank0_buffers(model: torch.nn.Module, info: DistInfo) -> None:
@@ -150,9 +150,8 @@ def evaluate_weights(cfg: Any, path: str | Path, use_ema: bool = False) -> tuple
     from imagenet_train.loading.batches import RunBatches
     from imagenet_train.rundir.checkpoint import load_weights
     from imagenet_train.training.dist import cleanup, init_distributed
-    from imagenet_train.training.ema import ema_weights
     from imagenet_train.training.models import architecture
-    from imagenet_train.training.step import amp_dtype
+    from imagenet_train.training.step import amp_dtype, ema_weights
 
     weights = ema_weights(path) if use_ema else load_weights(path)  # a bad file fails before any process group
     source = run_source(cfg.data)

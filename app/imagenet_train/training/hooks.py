@@ -23,7 +23,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from imagenet_train import waiting
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.rundir.key_log import KeyLog, encode_key
+from imagenet_train.rundir.directory import KeyLog, encode_key
 from imagenet_train.training.dist import DistInfo, all_gather_numbers
 
 
