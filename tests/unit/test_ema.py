@@ -13,8 +13,8 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.planning.position import Position
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.rundir import checkpoint
-from imagenet_train.training.evaluation import write_final
-from imagenet_train.training.step import ModelEma, ema_scores, ema_weights, run_ema, update_decay
+from imagenet_train.training.evaluation import ema_weights, write_final
+from imagenet_train.training.step import ModelEma, ema_scores, run_ema, update_decay
 
 from conftest import REPO
 

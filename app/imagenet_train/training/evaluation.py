@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.device import normalize
 from imagenet_train.loading.stream import EpochLoader
@@ -142,7 +143,7 @@ def evaluate_run(
     return record
 
 
-def evaluate_weights(cfg: Any, path: str | Path, use_ema: bool = False) -> tuple[dict, DistInfo]:
+def evaluate_weights(cfg: Config, path: str | Path, use_ema: bool = False) -> tuple[dict, DistInfo]:
     """`imagenet-train evaluate`: a weights file or checkpoint (its EMA with `use_ema`) scored on the val shards
     of `cfg` (the run's Config) by every rank of the launch, each sample once; the record (every rank's) and
     this rank."""
@@ -151,7 +152,7 @@ def evaluate_weights(cfg: Any, path: str | Path, use_ema: bool = False) -> tuple
     from imagenet_train.rundir.checkpoint import load_weights
     from imagenet_train.training.dist import cleanup, init_distributed
     from imagenet_train.training.models import architecture
-    from imagenet_train.training.step import amp_dtype, ema_weights
+    from imagenet_train.training.step import amp_dtype
 
     weights = ema_weights(path) if use_ema else load_weights(path)  # a bad file fails before any process group
     source = run_source(cfg.data)
@@ -211,3 +212,14 @@ def write_final(run_dir: Path, model: torch.nn.Module, ema: ModelEma | None, rec
         scores = "no EMA" if ema is None else "no evaluation to compare"
     print(f"final weights: {'EMA' if choice == 'ema' else 'raw'} ({scores}) in {path}", flush=True)
     return choice
+
+
+def ema_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The EMA's weights in a checkpoint of a --model-ema run, as a model's state dict; else one error line."""
+    try:
+        state = checkpoint.load_weights(path, entry="ema")
+    except checkpoint.MissingEntry:
+        raise ImagenetTrainError(
+            f"--ema: {path} holds no EMA weights; expected a checkpoint of a run trained with --model-ema"
+        ) from None
+    return {key.removeprefix("module."): value for key, value in state.items() if key.startswith("module.")}

@@ -14,8 +14,6 @@ import fnmatch
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -23,13 +21,12 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from imagenet_train.choices import Amp
 from imagenet_train.compat import ensure_torchvision, require_timm
-from imagenet_train.config import Config
+from imagenet_train.config import Config, OptimConfig
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.device import normalize
 from imagenet_train.planning.optimization import Loss, Opt
 from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.schedule import ONE_STEP, Accumulation, Schedule
-from imagenet_train.rundir import checkpoint
 from imagenet_train.training import models
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.hooks import StepHook
@@ -89,7 +86,7 @@ class ModelEma(StepHook):
         self.averaged.load_state_dict(state)
 
 
-def run_ema(model: torch.nn.Module, optim: Any, schedule: Any) -> ModelEma | None:
+def run_ema(model: torch.nn.Module, optim: OptimConfig, schedule: Schedule) -> ModelEma | None:
     """A run's EMA under --model-ema (None without): the decay per update adjusted for the run's optimizer batch and
     length in data epochs (not loop epochs: --epoch-batches and --total-samples change those), copying during the
     LR warmup (its steps as Schedule.lr counts them). `optim` is config's OptimConfig,
@@ -103,17 +100,6 @@ def run_ema(model: torch.nn.Module, optim: Any, schedule: Any) -> ModelEma | Non
 def ema_scores(record: dict) -> dict:
     """An evaluation record's scores under the EMA's keys (ema_top1, ema_top5, ema_val_loss)."""
     return {PREFIX + key: value for key, value in record.items() if key == "val_loss" or key.startswith("top")}
-
-
-def ema_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The EMA's weights in a checkpoint of a --model-ema run, as a model's state dict; else one error line."""
-    try:
-        state = checkpoint.load_weights(path, entry="ema")
-    except checkpoint.MissingEntry:
-        raise ImagenetTrainError(
-            f"--ema: {path} holds no EMA weights; expected a checkpoint of a run trained with --model-ema"
-        ) from None
-    return {key.removeprefix("module."): value for key, value in state.items() if key.startswith("module.")}
 
 
 log = logging.getLogger(__name__)
@@ -260,7 +246,7 @@ class TrainStep:
         return loss.detach().double()
 
 
-def build_criterion(optim_cfg: Any) -> torch.nn.Module:
+def build_criterion(optim_cfg: OptimConfig) -> torch.nn.Module:
     """The --loss criterion with --label-smoothing (and --bce-target-threshold); OptimConfig is read by name."""
     if Loss(optim_cfg.loss) is Loss.CE:
         return torch.nn.CrossEntropyLoss(label_smoothing=optim_cfg.label_smoothing)
@@ -295,7 +281,7 @@ class Decays:
     embeddings: float = 0.0
 
     @classmethod
-    def of(cls, optim_cfg: Any) -> Decays:
+    def of(cls, optim_cfg: OptimConfig) -> Decays:
         """The decays a run's OptimConfig names."""
         return cls(
             optim_cfg.weight_decay,
@@ -338,7 +324,7 @@ def parameter_groups(model: torch.nn.Module, decays: Decays | float) -> list[dic
     return [{"params": params, "weight_decay": decay} for (decay, _), params in groups.items() if params]
 
 
-def build_optimizer(optim_cfg: Any, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(optim_cfg: OptimConfig, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
     """The --opt optimizer over `model`'s parameters at `lr` (the run's OptimConfig is read by name)."""
     opt = Opt(optim_cfg.opt)
     groups = parameter_groups(model, Decays.of(optim_cfg))
