@@ -208,6 +208,7 @@ class DataWait:
         return min(1.0, self.waited / total) if total > 0 else 0.0
 
 
+@dataclass
 class EpochTally:
     """Totals of the epoch so far; `step` counts from the epoch's start, so a resumed epoch starts above 0."""
 
