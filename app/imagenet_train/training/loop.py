@@ -125,10 +125,9 @@ class Trainer:
             print(f"world size changed from {saved.world} to {info.world} mid-epoch: {what}", flush=True)
         return start.position
 
-    def _hooks(self, epoch: int, position: Position) -> list[StepHook]:
-        """This epoch's per-step extras; the vote comes last, after every hook that may fail has run."""
+    def _hooks(self, epoch: int, steps: int, position: Position) -> list[StepHook]:
+        """This epoch's per-step extras (`steps` batches); the vote comes last, after every hook that may fail."""
         info, run, start = self.info, self.cfg.run, position.step
-        steps = self.schedule.epoch_batches(epoch)
         hooks: list[StepHook] = [self.ema.at(epoch * self.schedule.interval, steps)] if self.ema else []
         if self.exact:
             hooks.append(PositionLog(self.run_dir, epoch, info.rank, start, self.vote))
@@ -159,7 +158,7 @@ class Trainer:
         """Train one epoch (or what is left of it); returns its record, identical on every rank."""
         info, steps, loader = self.info, self.schedule.epoch_batches(epoch), self.batches.train
         position = self._prepare_epoch(epoch)
-        hooks, stopped = self._hooks(epoch, position), False
+        hooks, stopped = self._hooks(epoch, steps, position), False
         vote = hooks[-1]  # the StopVote: _hooks puts it last
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         tally = progress.EpochTally(position.step, loader.damage(), loss_sum, self.schedule.base_lr)
