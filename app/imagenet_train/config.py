@@ -8,25 +8,49 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from imagenet_train.choices import DEFAULT_DROP_PATH, Amp, Stem, Tracker, WeightsHead
-from imagenet_train.config_checks import check_combinations
-from imagenet_train.datasets.index import MAX_CLASSES
-from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
-from imagenet_train.declarations import Setting, check, declared, setting
-from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io.resumable import IO_TIMEOUT
-from imagenet_train.loading.options import (
-    CROP_SIZE,
-    MAX_CORRUPT_STREAK,
-    MIN_CROP_SCALE,
+from imagenet_train.choices import (
+    AUTO_WARMUP,
+    BATCH_SIZE,
+    DEFAULT_DROP_PATH,
+    EPOCH_BATCHES,
+    REPEAT,
+    SEED,
+    WORKERS,
+    Amp,
     AutoAugment,
     BrokenShardPolicy,
     Decoder,
     Interpolation,
+    Loss,
+    LrSchedule,
+    Mode,
+    Opt,
+    Stem,
+    Tracker,
+    WarmupMethod,
+    WeightsHead,
 )
-from imagenet_train.planning import plan
-from imagenet_train.planning.optimization import AUTO_WARMUP, Loss, LrSchedule, Opt, WarmupMethod
-from imagenet_train.planning.plan import Mode
+from imagenet_train.declarations import Setting, check, declared, setting
+from imagenet_train.errors import ImagenetTrainError
+
+# The settings' defaults and limits that the code below the settings uses too (loading/, datasets/, io/).
+CROP_SIZE = 224  # training crop (and evaluation crop unless set apart), in pixels (ResNet-50's ImageNet recipe)
+MIN_CROP_SCALE = 0.08  # the smallest area fraction RandomResizedCrop keeps (torchvision's default)
+# Corrupt samples in a row that stop a worker (--max-corrupt-streak). Damage is rare and scattered: a tar that
+# breaks is a broken shard, not corrupt samples, and a shuffle buffer (or the resampled mode's interleave) spreads
+# even a wholly undecodable shard of `shards`' 1,000 samples out. A thousand in a row means nothing decodes: data
+# that is not JPEG, or a decoder that cannot work here. At the ~20 us a refused header costs, it is found at once.
+MAX_CORRUPT_STREAK = 1000
+# Classes an index may list (--max-classes): the classifier head, its gradients and optimizer state grow with
+# them on every rank (3 million classes make a ResNet-50 head of 6 GB). ImageNet-21k has 21,841; 100,000 leaves
+# room for larger label sets while a head stays under ~1 GB.
+MAX_CLASSES = 100_000
+# 8192 x 8192 = 64 Mi px: 192 MiB as decoded RGB, the most one image may cost a worker. ImageNet's largest
+# images are ~4288 x 2848 (12 MP), so this leaves 5x headroom for other photo datasets.
+MAX_IMAGE_PIXELS = 1 << 26
+# Seconds of outage (of the shard server or a bucket) to wait out before failing: long enough for a server pod
+# to be rescheduled. The default of --io-timeout and of every function that waits.
+IO_TIMEOUT = 900.0
 
 
 @dataclass
@@ -49,7 +73,7 @@ class DataConfig:
         "queue: every sample once, shards handed out at run time to whichever rank is free",
         choices=Mode,
     )
-    batch_size: int = setting(plan.BATCH_SIZE, "batch size per rank", minimum=1, maximum=1 << 20)
+    batch_size: int = setting(BATCH_SIZE, "batch size per rank", minimum=1, maximum=1 << 20)
     global_batch_size: int = setting(
         0,
         "samples per optimizer step over all ranks (what the LR scales with); when set, each rank's batch is this "
@@ -57,7 +81,7 @@ class DataConfig:
         minimum=0,
         maximum=1 << 24,
     )
-    workers: int = setting(plan.WORKERS, "DataLoader workers per rank", minimum=0, maximum=512)
+    workers: int = setting(WORKERS, "DataLoader workers per rank", minimum=0, maximum=512)
     train_crop_size: int = setting(
         CROP_SIZE, "training crop size (RandomResizedCrop)", minimum=1, maximum=8192, aliases=("image_size",)
     )
@@ -122,12 +146,12 @@ class DataConfig:
     )
     shuffle_buffer: int = setting(1000, "samples in each shuffle buffer", minimum=0, maximum=1 << 24)
     epoch_batches: int = setting(
-        plan.EPOCH_BATCHES,
+        EPOCH_BATCHES,
         "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)",
         minimum=0,
     )
     repeat: int = setting(
-        plan.REPEAT,
+        REPEAT,
         "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)",
         minimum=1,
     )
@@ -391,7 +415,7 @@ class RunConfig:
         "torch.compile the model (first steps compile; not applied in split/queue mode across ranks, where "
         "Join shadows DDP's collectives)",
     )
-    seed: int = setting(plan.SEED, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
+    seed: int = setting(SEED, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
     run_dir: str = setting("runs/latest", "directory for config.json, metrics.jsonl and checkpoints")
     results: str = setting("", "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)")
     resume: str = setting("", "'latest' (newest checkpoint in --run-dir) or a checkpoint path")
@@ -487,7 +511,6 @@ class Config:
         for section in self.sections():
             for declaration, rule in declared(section):
                 check(declaration.name, type(declaration.default), rule, getattr(section, declaration.name))
-        check_combinations(self)
         return self
 
 

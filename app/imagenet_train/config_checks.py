@@ -5,13 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from imagenet_train.choices import AUTO_WARMUP, Decoder, Loss, Mode, Opt, WarmupMethod
+from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.loading.options import Decoder
-from imagenet_train.planning.optimization import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, Loss, Opt, WarmupMethod
-from imagenet_train.planning.plan import Mode
+from imagenet_train.planning.optimization import MOMENTUM_OPTS, TIMM_OPTS
 
 
-def check_combinations(cfg: Any) -> None:
+def checked(cfg: Config) -> Config:
+    """`cfg` once every setting is in range (Config.validate) and they can work together: what every entry point
+    (train, evaluate, Ray, Lightning) runs before it starts."""
+    check_combinations(cfg.validate())
+    return cfg
+
+
+def check_combinations(cfg: Config) -> None:
     """Refuse a run's Config (read by name) whose settings cannot work together."""
     data = cfg.data
     if not data.shards and not data.train_urls:

@@ -9,14 +9,13 @@ import json
 
 import pytest
 
+from imagenet_train.choices import BrokenShardPolicy, Decoder, Mode
 from imagenet_train.cli import build_parser
 from imagenet_train.config import Config, defaults
 from imagenet_train.config_files import settings_from
 from imagenet_train.declarations import declared, flag
 from imagenet_train.deployment import LauncherKind, ShardServer
-from imagenet_train.loading.options import BrokenShardPolicy, Decoder
 from imagenet_train.planning import plan
-from imagenet_train.planning.plan import Mode
 
 from conftest import REPO as ROOT
 

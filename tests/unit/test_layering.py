@@ -15,9 +15,9 @@ pytestmark = pytest.mark.unit
 
 PACKAGE = REPO / "app" / "imagenet_train"
 ROOT = "imagenet_train"
-# A leaf of plain exceptions (checked below to import only the standard library): the planner's verdicts and
-# refusals are one-line user errors like everywhere else.
-PLANNING_MAY_IMPORT = {f"{ROOT}.errors"}
+# Leaves checked below to import only the standard library: plain exceptions (the planner's verdicts and refusals
+# are one-line user errors like everywhere else) and the settings' closed sets and shared defaults.
+PLANNING_MAY_IMPORT = {f"{ROOT}.errors", f"{ROOT}.choices"}
 # Modules that reach files, sockets or processes; planning/ takes numbers and returns numbers.
 IO_MODULES = {"os", "io", "pathlib", "shutil", "tempfile", "glob", "socket", "subprocess", "urllib", "http", "fcntl"}
 IO_CALLS = {"open", "input", "print"}

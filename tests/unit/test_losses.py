@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from imagenet_train.config import Config, OptimConfig
+from imagenet_train.config_checks import checked
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.training.losses import build_criterion
 from imagenet_train.training.mixing import batch_mixing
@@ -44,7 +45,7 @@ def test_bce_target_threshold_without_bce_is_refused_in_one_line():
     cfg = Config()
     cfg.data.shards, cfg.optim.bce_target_threshold = "shards.json", 0.2
     with pytest.raises(ImagenetTrainError, match=r"^--bce-target-threshold: applies to --loss bce only"):
-        cfg.validate()
+        checked(cfg)
 
 
 def _bn_model() -> torch.nn.Module:

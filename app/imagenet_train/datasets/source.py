@@ -6,9 +6,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from imagenet_train.datasets.index import MAX_CLASSES, ShardIndex, check_class_count, load_index
+from imagenet_train.config import IO_TIMEOUT, MAX_CLASSES
+from imagenet_train.datasets.index import ShardIndex, check_class_count, load_index
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io.resumable import IO_TIMEOUT
 
 
 @dataclass(frozen=True)

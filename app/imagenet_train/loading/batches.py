@@ -13,17 +13,16 @@ from typing import Any
 
 import torch
 
+from imagenet_train.choices import Decoder, Mode
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.loading.batching import Batch
 from imagenet_train.loading.dali import DaliAugment, DaliDecoder, jpeg_bytes, pack_jpegs
-from imagenet_train.loading.options import Decoder
 from imagenet_train.loading.prefetch import device_batches
 from imagenet_train.loading.presets import TrainPreset, ValPreset
 from imagenet_train.loading.shard_queue import job_queue
 from imagenet_train.loading.stages import ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.loading.workers import worker_context
-from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.resolution import CropSchedule
 
 

@@ -9,26 +9,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from imagenet_train.choices import BATCH_SIZE, EPOCH_BATCHES, REPEAT, SEED, WORKERS, Mode
 from imagenet_train.errors import ImagenetTrainError
-
-# The defaults of the training settings the planner shares (config.py declares those settings with these), so
-# that a Setup made by hand plans what `train` would run.
-WORKERS = 8  # DataLoader workers per rank
-BATCH_SIZE = 256  # per rank
-EPOCH_BATCHES = 0  # resampled: one pass over the data; split: no cut
-REPEAT = 1  # split: each worker reads its shard list once per epoch
-SEED = 0
-
-
-class Mode(str, Enum):
-    """How shards reach the ranks (the value is the --mode word)."""
-
-    RESAMPLED = "resampled"  # shards drawn at random: equal batches per rank by construction
-    SPLIT = "split"  # every sample once, shards split over ranks and workers; the step runs under Join
-    QUEUE = "queue"  # every sample once, shards handed out at run time to whichever rank is free
-
-    def __str__(self) -> str:
-        return self.value  # in messages, the --mode word (Python 3.11+ would format it as Mode.SPLIT)
 
 
 class Verdict(str, Enum):

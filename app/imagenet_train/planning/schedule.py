@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
+from imagenet_train.choices import LrSchedule, Mode, Opt, WarmupMethod
 from imagenet_train.planning import optimization, plan
-from imagenet_train.planning.optimization import LrCurve, LrSchedule, Opt, WarmupMethod, scaled_lr
+from imagenet_train.planning.optimization import LrCurve, scaled_lr
 
 
 class Accumulation(NamedTuple):
@@ -102,11 +103,11 @@ class Schedule:
         """Steps in one epoch: every rank's in resampled mode, the longest rank's in split/queue mode."""
         if self.total_samples:
             return min(self.interval, self.total - epoch * self.interval)
-        if self.mode == plan.Mode.RESAMPLED:
+        if self.mode == Mode.RESAMPLED:
             return self.epoch_batches_option or plan.resampled_epoch_batches(
                 self.train_samples, self.batch_size, self.world
             )
-        if self.train_sizes is None or self.mode == plan.Mode.QUEUE:
+        if self.train_sizes is None or self.mode == Mode.QUEUE:
             # Queue mode: ranks take what they can; an even share (plus a partial batch per worker).
             return max(1, math.ceil(self.train_samples / self.global_batch)) + (self.workers or 1)
         setup = plan.Setup.of(
@@ -114,7 +115,7 @@ class Schedule:
             self.seed,
             self.train_sizes,
             gpus_per_node=self.world,
-            mode=plan.Mode.SPLIT,
+            mode=Mode.SPLIT,
             epoch_batches=self.epoch_batches_option,
             epoch=epoch,
         )
@@ -145,7 +146,7 @@ class Schedule:
     def cut(self) -> bool:
         """Whether a loop epoch is other than one pass over the data: --total-samples, or --epoch-batches outside
         queue mode (which reads every shard once per epoch whatever it says)."""
-        return bool(self.total_samples or (self.epoch_batches_option and self.mode != plan.Mode.QUEUE))
+        return bool(self.total_samples or (self.epoch_batches_option and self.mode != Mode.QUEUE))
 
     @cached_property
     def interval_epochs(self) -> float:

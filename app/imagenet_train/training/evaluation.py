@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from imagenet_train.choices import Mode
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.normalize import normalize
 from imagenet_train.loading.stream import EpochLoader
-from imagenet_train.planning.plan import Mode
 from imagenet_train.training.data_wait import DataWait
 from imagenet_train.training.dist import DistInfo, all_sum
 from imagenet_train.training.ema import ema_scores

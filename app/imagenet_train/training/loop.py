@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from imagenet_train.choices import Mode
 from imagenet_train.config import Config
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.errors import ImagenetTrainError, Preempted
 from imagenet_train.loading.batches import RunBatches, seed_augmentation
-from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.position import Position
 from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.resume import epoch_start

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
+from imagenet_train.choices import Loss
 from imagenet_train.compat import require_timm
-from imagenet_train.planning.optimization import Loss
 
 
 def build_criterion(optim_cfg: Any) -> torch.nn.Module:

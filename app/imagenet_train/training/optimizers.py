@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from imagenet_train.choices import Opt
 from imagenet_train.compat import require_timm
-from imagenet_train.planning.optimization import Opt
 
 # torchvision's train.py --transformer-embedding-decay keys (a parameter's own name), and torchvision ViT's
 # pos_embedding, which that list misses ("position_embedding" names no torchvision parameter).
