@@ -40,7 +40,7 @@ def setting(default: Any, help: str, **rules: Any) -> Any:
     return field(default=default, metadata={"setting": Setting(help, **rules)})
 
 
-def declared(instance_or_class: Any) -> list[tuple[dataclasses.Field, Setting]]:
+def declared(instance_or_class: object) -> list[tuple[dataclasses.Field, Setting]]:
     """The fields of a config dataclass that are settings, in declaration order."""
     return [(f, f.metadata["setting"]) for f in dataclasses.fields(instance_or_class) if "setting" in f.metadata]
 
@@ -50,7 +50,7 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def canonical_names(sections: tuple[Any, ...]) -> dict[str, str]:
+def canonical_names(sections: tuple[type, ...]) -> dict[str, str]:
     """Every alias of a declared setting, mapped to the setting's own name."""
     return {alias: d.name for section in sections for d, rule in declared(section) for alias in rule.aliases}
 
@@ -274,7 +274,7 @@ def add_options(parser: argparse.ArgumentParser, options_class: type) -> None:
             add_flag(parser, declaration, metadata["setting"], metadata["given_only"], metadata["context"])
 
 
-def json_schema(sections: tuple[Any, ...], exclude: frozenset[str] = frozenset()) -> dict:
+def json_schema(sections: tuple[type, ...], exclude: frozenset[str] = frozenset()) -> dict:
     """JSON Schema (draft 7) of a flat settings mapping, one property per declared setting."""
     properties = {}
     for section in sections:

@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from imagenet_train.choices import BATCH_SIZE, EPOCH_BATCHES, REPEAT, SEED, WORKERS, Mode
 from imagenet_train.errors import ImagenetTrainError
@@ -81,6 +81,16 @@ def resampled_epoch_batches(total_samples: int, batch_size: int, world_size: int
     return batches
 
 
+class LoaderSettings(Protocol):
+    """What a Setup reads of a run's data settings (config.DataConfig) or of the `plan` command's options."""
+
+    workers: int
+    batch_size: int
+    mode: str
+    epoch_batches: int
+    repeat: int
+
+
 @dataclass(frozen=True)
 class Setup:
     """A launch configuration to check before any GPU is spent."""
@@ -112,7 +122,7 @@ class Setup:
             raise ImagenetTrainError(f"plan: --mode must be resampled, split or queue, got '{self.mode}'") from None
 
     @classmethod
-    def of(cls, data: Any, seed: int, shard_sizes: Sequence[int], **given: Any) -> Setup:
+    def of(cls, data: LoaderSettings, seed: int, shard_sizes: Sequence[int], **given: Any) -> Setup:
         """The one way a run's Setup is made: workers, batch_size, mode, epoch_batches and repeat come from
         `data` (the training config's data section, or the `plan` command's options) unless `given`."""
         taken = {name: getattr(data, name) for name in ("workers", "batch_size", "mode", "epoch_batches", "repeat")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import NamedTuple, Protocol
 
 from imagenet_train.choices import LrSchedule, Mode, Opt, WarmupMethod
 from imagenet_train.planning import optimization, plan
@@ -21,6 +21,48 @@ class Accumulation(NamedTuple):
 
 
 ONE_STEP = Accumulation(1, True, True)  # no accumulation
+
+
+class DataSettings(Protocol):
+    """What a Schedule reads of a run's data settings (config.DataConfig)."""
+
+    mode: str
+    batch_size: int
+    workers: int
+    epoch_batches: int
+    repeat: int
+    ra_reps: int
+
+
+class OptimSettings(Protocol):
+    """What a Schedule reads of a run's optimizer settings (config.OptimConfig)."""
+
+    opt: str
+    lr: float
+    warmup_epochs: float
+    lr_schedule: str
+    lr_step_epochs: int
+    lr_gamma: float
+    lr_end: float
+    lr_warmup_method: str
+    lr_warmup_decay: float
+    grad_accum_steps: int
+
+
+class RunSettings(Protocol):
+    """What a Schedule reads of a run's run settings (config.RunConfig)."""
+
+    seed: int
+    epochs: int
+    total_samples: int
+
+
+class Settings(Protocol):
+    """A run's settings as a Schedule reads them (config.Config): planning/ never imports config."""
+
+    data: DataSettings
+    optim: OptimSettings
+    run: RunSettings
 
 
 @dataclass(frozen=True)
@@ -49,14 +91,11 @@ class Schedule:
     ra_reps: int = 1  # split mode's plan reads a 1/ra_reps share of the shards, each ra_reps times
 
     @classmethod
-    def of(cls, cfg: Any, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
+    def of(cls, cfg: Settings, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
         """The schedule of a run; the base LR scales with the optimizer's global batch as timm scales --lr-base
-        (optimization.scaled_lr).
-
-        `cfg` is the run's Config (its data, optim and run sections), read by name so that planning/ never
-        imports config."""
+        (optimization.scaled_lr)."""
         data, optim = cfg.data, cfg.optim
-        accumulate = getattr(optim, "grad_accum_steps", 1)
+        accumulate = optim.grad_accum_steps
         return cls(
             mode=data.mode,
             train_samples=train_samples,
