@@ -108,7 +108,14 @@ def _parse(kind: type, text: str) -> Any:
         return int(text.strip())
     if kind is float:
         return float(text.strip())
+    if issubclass(kind, Enum):
+        return kind(text)  # a closed set's word: its member (ValueError: not one of them)
     return text
+
+
+def member(kind: type, value: Any) -> Any:
+    """A closed set's word as its enum member (a checked value of any other setting as it is)."""
+    return kind(value) if issubclass(kind, Enum) else value
 
 
 def converter(name: str, kind: type, rule: Setting) -> Callable[[str], Any]:
@@ -292,7 +299,8 @@ _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
 
 def _property(kind: type, rule: Setting, default: Any) -> dict:
-    schema: dict[str, Any] = {"description": rule.help, "type": _JSON_TYPES[kind], "default": default}
+    json_type = next(name for base, name in _JSON_TYPES.items() if issubclass(kind, base))  # a str Enum: string
+    schema: dict[str, Any] = {"description": rule.help, "type": json_type, "default": default}
     if rule.choices:
         schema["enum"] = list(rule.choices)
     for key, bound in (("minimum", rule.minimum), ("exclusiveMinimum", rule.above), ("maximum", rule.maximum)):
