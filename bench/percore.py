@@ -30,11 +30,11 @@ import common  # noqa: E402
 import torch  # noqa: E402
 from percore_table import KINDS, LARGE_SIDES, RESIZES, configurations, key  # noqa: E402
 
+from imagenet_train.choices import Decoder  # noqa: E402
 from imagenet_train.datasets.convert import ShardOptions  # noqa: E402
 from imagenet_train.datasets.convert import convert as make_shards  # noqa: E402
 from imagenet_train.datasets.source import resolve_source  # noqa: E402
 from imagenet_train.loading import fused_decoder, workers  # noqa: E402
-from imagenet_train.loading.options import Decoder  # noqa: E402
 from imagenet_train.loading.presets import TrainPreset  # noqa: E402
 from imagenet_train.loading.stages import ShardReading  # noqa: E402
 from imagenet_train.loading.stream import EpochLoader, ShardStream  # noqa: E402

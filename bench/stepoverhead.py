@@ -22,6 +22,7 @@ import time
 import torch
 
 from imagenet_train.config import Config
+from imagenet_train.config_checks import checked
 
 try:  # this tree's layout by concern
     from imagenet_train.datasets.source import resolve_source
@@ -99,7 +100,7 @@ def measure(args: argparse.Namespace) -> dict:
     cfg.data.shards, cfg.data.train_crop_size, cfg.data.val_resize_size = args.shards, args.size, args.size
     cfg.data.batch_size, cfg.data.workers, cfg.data.epoch_batches = args.batch, args.workers, args.batches
     cfg.run.arch, cfg.run.epochs, cfg.run.run_dir = args.arch, args.epochs, tempfile.mkdtemp(prefix="bench-step-")
-    trainer = Trainer(cfg.validate(), DistInfo(0, 1, 0, torch.device("cpu")), resolve_source(args.shards))
+    trainer = Trainer(checked(cfg), DistInfo(0, 1, 0, torch.device("cpu")), resolve_source(args.shards))
     spans = instrument(trainer)
     first_waits, windows = [], []
     for epoch in range(args.epochs):

@@ -1,5 +1,6 @@
-"""The closed sets of the run's settings that belong to no lower layer: each an Enum whose values are the words the
-flags take. On the ground floor: it imports nothing of the project, so every package can type against it."""
+"""The closed sets of the run's settings, each a str Enum whose values are the words the flags take, and the
+defaults the planner shares with config.py. On the ground floor: it imports only the standard library, so every
+package (planning/ included) can type against it."""
 
 from __future__ import annotations
 
@@ -47,6 +48,115 @@ class Tracker(str, Enum):
     NONE = "none"
     MLFLOW = "mlflow"
     WANDB = "wandb"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The defaults of the training settings the planner shares (config.py declares those settings with these), so
+# that a Setup made by hand plans what `train` would run.
+WORKERS = 8  # DataLoader workers per rank
+BATCH_SIZE = 256  # per rank
+EPOCH_BATCHES = 0  # resampled: one pass over the data; split: no cut
+REPEAT = 1  # split: each worker reads its shard list once per epoch
+SEED = 0
+AUTO_WARMUP = -1.0  # --warmup-epochs -1: grows with the global batch
+
+
+class Mode(str, Enum):
+    """How shards reach the ranks (the value is the --mode word)."""
+
+    RESAMPLED = "resampled"  # shards drawn at random: equal batches per rank by construction
+    SPLIT = "split"  # every sample once, shards split over ranks and workers; the step runs under Join
+    QUEUE = "queue"  # every sample once, shards handed out at run time to whichever rank is free
+
+    def __str__(self) -> str:
+        return self.value  # in messages, the --mode word (Python 3.11+ would format it as Mode.SPLIT)
+
+
+class Opt(str, Enum):
+    """The optimizer (the value is the --opt word)."""
+
+    SGD = "sgd"  # torch.optim.SGD; --nesterov for Nesterov momentum
+    ADAMW = "adamw"  # torch.optim.AdamW
+    LAMB = "lamb"  # timm.optim.Lamb
+    LARS = "lars"  # timm.optim.Lars; --nesterov applies
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class LrSchedule(str, Enum):
+    """The LR's shape after the warmup (the value is the --lr-schedule word)."""
+
+    COSINE = "cosine"  # half a cosine from the peak to --lr-end
+    STEP = "step"  # torchvision's: x --lr-gamma every --lr-step-epochs epochs
+    POLY = "poly"  # MLPerf's: polynomial decay, power 2, from the peak to --lr-end
+    TRIANGULAR = "triangular"  # FFCV's: straight down from the peak to 0 at the end
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Loss(str, Enum):
+    """The training loss (the value is the --loss word)."""
+
+    CE = "ce"  # torch's CrossEntropyLoss with --label-smoothing
+    BCE = "bce"  # timm.loss.BinaryCrossEntropy (ResNet Strikes Back)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class WarmupMethod(str, Enum):
+    """The LR's shape during the warmup (the value is the --lr-warmup-method word; torchvision's names)."""
+
+    LINEAR = "linear"  # torchvision's LinearLR: from --lr-warmup-decay x the peak up to the peak
+    CONSTANT = "constant"  # torchvision's ConstantLR: --lr-warmup-decay x the peak throughout, then the peak
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Decoder(str, Enum):
+    """How a training JPEG becomes a crop (the value is the --decoder word)."""
+
+    SIMPLEJPEG = "simplejpeg"  # decode the whole image, then crop the uint8 tensor
+    FUSED = "fused"  # crop and DCT-scale inside libjpeg-turbo
+    PIL = "pil"
+    DALI = "dali"  # workers hand over the JPEG bytes; DALI decodes them in the rank
+
+    def __str__(self) -> str:
+        return self.value  # in messages and help, the --decoder word
+
+
+class BrokenShardPolicy(str, Enum):
+    """What a truncated or corrupt shard does to the stream (the value is the --on-broken-shard word)."""
+
+    SKIP = "skip"  # keep the samples before the damage, count the rest as lost, go on
+    FAIL = "fail"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AutoAugment(str, Enum):
+    """The augmentation policy after the crop and flip (the value is the --auto-augment word)."""
+
+    NONE = "none"
+    TA_WIDE = "ta_wide"  # TrivialAugmentWide
+    RA = "ra"  # RandAugment
+    IMAGENET = "imagenet"  # AutoAugment, ImageNet policy
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Interpolation(str, Enum):
+    """How training crops and evaluation resizes are resampled (the value is the --interpolation word)."""
+
+    BILINEAR = "bilinear"  # torchvision's default
+    BICUBIC = "bicubic"  # timm's, and the ViT/EfficientNet figures'
 
     def __str__(self) -> str:
         return self.value

@@ -8,25 +8,49 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from imagenet_train.choices import DEFAULT_DROP_PATH, Amp, Stem, Tracker, WeightsHead
-from imagenet_train.config_checks import check_combinations
-from imagenet_train.datasets.index import MAX_CLASSES
-from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
-from imagenet_train.declarations import Setting, check, declared, setting
-from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io.resumable import IO_TIMEOUT
-from imagenet_train.loading.options import (
-    CROP_SIZE,
-    MAX_CORRUPT_STREAK,
-    MIN_CROP_SCALE,
+from imagenet_train.choices import (
+    AUTO_WARMUP,
+    BATCH_SIZE,
+    DEFAULT_DROP_PATH,
+    EPOCH_BATCHES,
+    REPEAT,
+    SEED,
+    WORKERS,
+    Amp,
     AutoAugment,
     BrokenShardPolicy,
     Decoder,
     Interpolation,
+    Loss,
+    LrSchedule,
+    Mode,
+    Opt,
+    Stem,
+    Tracker,
+    WarmupMethod,
+    WeightsHead,
 )
-from imagenet_train.planning import plan
-from imagenet_train.planning.optimization import AUTO_WARMUP, Loss, LrSchedule, Opt, WarmupMethod
-from imagenet_train.planning.plan import Mode
+from imagenet_train.declarations import Setting, check, declared, member, setting
+from imagenet_train.errors import ImagenetTrainError
+
+# The settings' defaults and limits that the code below the settings uses too (loading/, datasets/, io/).
+CROP_SIZE = 224  # training crop (and evaluation crop unless set apart), in pixels (ResNet-50's ImageNet recipe)
+MIN_CROP_SCALE = 0.08  # the smallest area fraction RandomResizedCrop keeps (torchvision's default)
+# Corrupt samples in a row that stop a worker (--max-corrupt-streak). Damage is rare and scattered: a tar that
+# breaks is a broken shard, not corrupt samples, and a shuffle buffer (or the resampled mode's interleave) spreads
+# even a wholly undecodable shard of `shards`' 1,000 samples out. A thousand in a row means nothing decodes: data
+# that is not JPEG, or a decoder that cannot work here. At the ~20 us a refused header costs, it is found at once.
+MAX_CORRUPT_STREAK = 1000
+# Classes an index may list (--max-classes): the classifier head, its gradients and optimizer state grow with
+# them on every rank (3 million classes make a ResNet-50 head of 6 GB). ImageNet-21k has 21,841; 100,000 leaves
+# room for larger label sets while a head stays under ~1 GB.
+MAX_CLASSES = 100_000
+# 8192 x 8192 = 64 Mi px: 192 MiB as decoded RGB, the most one image may cost a worker. ImageNet's largest
+# images are ~4288 x 2848 (12 MP), so this leaves 5x headroom for other photo datasets.
+MAX_IMAGE_PIXELS = 1 << 26
+# Seconds of outage (of the shard server or a bucket) to wait out before failing: long enough for a server pod
+# to be rescheduled. The default of --io-timeout and of every function that waits.
+IO_TIMEOUT = 900.0
 
 
 @dataclass
@@ -43,13 +67,13 @@ class DataConfig:
     val_urls: str = setting("", "validation shards as a URL spec (with --train-urls)")
     train_samples: int = setting(0, "samples in --train-urls (sets the epoch length)", minimum=0)
     num_classes: int = setting(0, "classes (0: from the index)", minimum=0)
-    mode: str = setting(
-        Mode.RESAMPLED.value,
+    mode: Mode = setting(
+        Mode.RESAMPLED,
         "resampled: shards drawn at random, equal batches per rank; split: every sample once, under Join; "
         "queue: every sample once, shards handed out at run time to whichever rank is free",
         choices=Mode,
     )
-    batch_size: int = setting(plan.BATCH_SIZE, "batch size per rank", minimum=1, maximum=1 << 20)
+    batch_size: int = setting(BATCH_SIZE, "batch size per rank", minimum=1, maximum=1 << 20)
     global_batch_size: int = setting(
         0,
         "samples per optimizer step over all ranks (what the LR scales with); when set, each rank's batch is this "
@@ -57,7 +81,7 @@ class DataConfig:
         minimum=0,
         maximum=1 << 24,
     )
-    workers: int = setting(plan.WORKERS, "DataLoader workers per rank", minimum=0, maximum=512)
+    workers: int = setting(WORKERS, "DataLoader workers per rank", minimum=0, maximum=512)
     train_crop_size: int = setting(
         CROP_SIZE, "training crop size (RandomResizedCrop)", minimum=1, maximum=8192, aliases=("image_size",)
     )
@@ -94,8 +118,8 @@ class DataConfig:
         minimum=1,
         maximum=8192,
     )
-    auto_augment: str = setting(
-        AutoAugment.NONE.value,
+    auto_augment: AutoAugment = setting(
+        AutoAugment.NONE,
         "augmentation policy after the crop and flip (torchvision.transforms.v2; DALI's auto_aug with "
         "--decoder dali): ta_wide (TrivialAugmentWide), ra (RandAugment), imagenet (AutoAugment's ImageNet "
         "policy), none",
@@ -112,8 +136,8 @@ class DataConfig:
         MIN_CROP_SCALE, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1
     )
     hflip: bool = setting(True, "random horizontal flips")
-    decoder: str = setting(
-        Decoder.SIMPLEJPEG.value,
+    decoder: Decoder = setting(
+        Decoder.SIMPLEJPEG,
         "train-time JPEG decoder: simplejpeg (decode, then crop the uint8 image), fused (crop and DCT-scale "
         "inside libjpeg-turbo via PyTurboJPEG; needs libturbojpeg), pil, or dali (NVIDIA DALI decodes on the GPU "
         "with nvJPEG, fused with crop, flip and normalisation; its CPU backend without a GPU; "
@@ -122,12 +146,12 @@ class DataConfig:
     )
     shuffle_buffer: int = setting(1000, "samples in each shuffle buffer", minimum=0, maximum=1 << 24)
     epoch_batches: int = setting(
-        plan.EPOCH_BATCHES,
+        EPOCH_BATCHES,
         "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)",
         minimum=0,
     )
     repeat: int = setting(
-        plan.REPEAT,
+        REPEAT,
         "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)",
         minimum=1,
     )
@@ -138,8 +162,8 @@ class DataConfig:
         minimum=0,
         maximum=7 * 24 * 3600,
     )
-    on_broken_shard: str = setting(
-        BrokenShardPolicy.SKIP.value,
+    on_broken_shard: BrokenShardPolicy = setting(
+        BrokenShardPolicy.SKIP,
         "a truncated or corrupt shard: skip (keep the samples before the damage, count the rest as lost, warn) or fail",
         choices=BrokenShardPolicy,
     )
@@ -175,8 +199,8 @@ class DataConfig:
         minimum=1,
         maximum=10_000_000,
     )
-    interpolation: str = setting(
-        Interpolation.BILINEAR.value,
+    interpolation: Interpolation = setting(
+        Interpolation.BILINEAR,
         "resampling of the training crop and the evaluation resize, with every --decoder (the --auto-augment "
         "policy stays bilinear): bilinear (torchvision's default) or bicubic (timm's, and the ViT and EfficientNet "
         "figures')",
@@ -208,8 +232,8 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    opt: str = setting(
-        Opt.SGD.value,
+    opt: Opt = setting(
+        Opt.SGD,
         "optimizer: sgd (torch SGD; with --nesterov, SGD+Nesterov), adamw (torch AdamW), lamb or lars (timm.optim's "
         "LAMB and LARS: pip install 'imagenet-train[timm]'); above a global batch of 8,192 plain SGD loses accuracy "
         "and MLPerf uses lars",
@@ -234,8 +258,8 @@ class OptimConfig:
         maximum=1,
     )
     label_smoothing: float = setting(0.1, "label smoothing", minimum=0, maximum=1)
-    lr_schedule: str = setting(
-        LrSchedule.COSINE.value,
+    lr_schedule: LrSchedule = setting(
+        LrSchedule.COSINE,
         "the LR after the warmup: cosine (down to --lr-end), step (torchvision's: x --lr-gamma every "
         "--lr-step-epochs epochs), poly (MLPerf's polynomial decay, power 2, down to --lr-end) or triangular "
         "(FFCV's: linear up to the peak at the end of the warmup, then linear down to 0 at the end)",
@@ -317,8 +341,8 @@ class OptimConfig:
         minimum=0,
         maximum=1,
     )
-    lr_warmup_method: str = setting(
-        WarmupMethod.LINEAR.value,
+    lr_warmup_method: WarmupMethod = setting(
+        WarmupMethod.LINEAR,
         "the warmup's shape (torchvision's --lr-warmup-method): linear (from --lr-warmup-decay x the peak up to "
         "it) or constant (--lr-warmup-decay x the peak throughout)",
         choices=WarmupMethod,
@@ -338,8 +362,8 @@ class OptimConfig:
         minimum=1,
         maximum=1024,
     )
-    loss: str = setting(
-        Loss.CE.value,
+    loss: Loss = setting(
+        Loss.CE,
         "training loss: ce (CrossEntropyLoss with --label-smoothing) or bce (timm's BinaryCrossEntropy, ResNet "
         "Strikes Back; --label-smoothing smooths hard targets, MixUp/CutMix's soft targets are taken as they are)",
         choices=Loss,
@@ -377,21 +401,21 @@ class RunConfig:
         "read with weights_only=True (DDP's module. and torch.compile's _orig_mod. prefixes are stripped); "
         "--resume takes precedence: a run resumed from a checkpoint takes every weight from it",
     )
-    weights_head: str = setting(
-        WeightsHead.REFUSE.value,
+    weights_head: WeightsHead = setting(
+        WeightsHead.REFUSE,
         "a --weights head sized for another number of classes: refuse (an error naming it), or replace (load "
         "the rest and train a freshly initialised head)",
         choices=WeightsHead,
     )
     epochs: int = setting(90, "epochs to train", minimum=1, maximum=1_000_000)
-    amp: str = setting(Amp.AUTO.value, "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off", choices=Amp)
+    amp: Amp = setting(Amp.AUTO, "mixed precision: auto (bf16 on GPU, off on CPU), bf16, fp16, off", choices=Amp)
     channels_last: bool = setting(True, "channels-last memory format on GPU")
     compile: bool = setting(
         False,
         "torch.compile the model (first steps compile; not applied in split/queue mode across ranks, where "
         "Join shadows DDP's collectives)",
     )
-    seed: int = setting(plan.SEED, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
+    seed: int = setting(SEED, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
     run_dir: str = setting("runs/latest", "directory for config.json, metrics.jsonl and checkpoints")
     results: str = setting("", "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)")
     resume: str = setting("", "'latest' (newest checkpoint in --run-dir) or a checkpoint path")
@@ -429,8 +453,8 @@ class RunConfig:
         "BatchNorm statistics over all ranks (torch.nn.SyncBatchNorm.convert_sync_batchnorm), on CUDA across "
         "ranks only: refused on CPU, where torch's SyncBatchNorm does not run",
     )
-    stem: str = setting(
-        Stem.IMAGENET.value,
+    stem: Stem = setting(
+        Stem.IMAGENET,
         "a ResNet's stem (torchvision's ResNet family, timm's ResNets): imagenet (the architecture's own, 7x7 "
         "stride 2 and a max-pool: a 32 px image is 8x8 at the first block), or small (a 3x3 stride-1 conv, no "
         "max-pool, as CIFAR ResNets: for images of 64 px or less; its blocks then do 16x the work)",
@@ -443,8 +467,8 @@ class RunConfig:
         minimum=0,
         maximum=4096,
     )
-    tracker: str = setting(
-        Tracker.NONE.value,
+    tracker: Tracker = setting(
+        Tracker.NONE,
         "experiment tracker that rank 0 sends the params, each epoch's metrics and the final checkpoint's location "
         "to, resumed into the same tracker run by --resume: mlflow (MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME; "
         "pip install 'imagenet-train[mlflow]'), wandb (WANDB_PROJECT, WANDB_MODE, WANDB_DIR; "
@@ -483,11 +507,13 @@ class Config:
         return dataclasses.replace(self, data=dataclasses.replace(self.data, batch_size=batch))
 
     def validate(self) -> Config:
-        """Reject settings that cannot work, naming the option."""
+        """Reject a setting out of its range or closed set, naming the option; a closed set's word given as text
+        (from code or a file) becomes its enum member. The checks across settings: config_checks.checked."""
         for section in self.sections():
             for declaration, rule in declared(section):
-                check(declaration.name, type(declaration.default), rule, getattr(section, declaration.name))
-        check_combinations(self)
+                kind, value = type(declaration.default), getattr(section, declaration.name)
+                check(declaration.name, kind, rule, value)
+                setattr(section, declaration.name, member(kind, value))
         return self
 
 

@@ -3,16 +3,21 @@ that needs timm, sizes that contradict each other), each refused in one line nam
 
 from __future__ import annotations
 
-from typing import Any
-
+from imagenet_train.choices import AUTO_WARMUP, Decoder, Loss, Mode, Opt, WarmupMethod
+from imagenet_train.config import Config, DataConfig
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.loading.options import Decoder
-from imagenet_train.planning.optimization import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, Loss, Opt, WarmupMethod
-from imagenet_train.planning.plan import Mode
+from imagenet_train.planning.optimization import MOMENTUM_OPTS, TIMM_OPTS
 
 
-def check_combinations(cfg: Any) -> None:
-    """Refuse a run's Config (read by name) whose settings cannot work together."""
+def checked(cfg: Config) -> Config:
+    """`cfg` once every setting is in range (Config.validate) and they can work together: what every entry point
+    (train, evaluate, Ray, Lightning) runs before it starts."""
+    check_combinations(cfg.validate())
+    return cfg
+
+
+def check_combinations(cfg: Config) -> None:
+    """Refuse a run's Config whose settings cannot work together."""
     data = cfg.data
     if not data.shards and not data.train_urls:
         raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
@@ -43,7 +48,7 @@ def check_combinations(cfg: Any) -> None:
         )
 
 
-def _check_optimizer(cfg: Any) -> None:
+def _check_optimizer(cfg: Config) -> None:
     """The optimizer's cross-field checks, and the [timm] extra for the optimizers that need it."""
     optim, opt = cfg.optim, Opt(cfg.optim.opt)
     if optim.warmup_epochs < 0 and optim.warmup_epochs != AUTO_WARMUP:
@@ -67,7 +72,7 @@ def _check_optimizer(cfg: Any) -> None:
         require_timm(f"--opt {opt}")
 
 
-def _check_recipe_settings(cfg: Any) -> None:
+def _check_recipe_settings(cfg: Config) -> None:
     """The warmup shape, drop-path and BCE settings that cannot go together."""
     optim = cfg.optim
     if optim.lr_warmup_method == WarmupMethod.CONSTANT and not optim.lr_warmup_decay:
@@ -87,7 +92,7 @@ def _check_recipe_settings(cfg: Any) -> None:
         require_timm("--loss bce")
 
 
-def _check_resolution(data: Any) -> None:
+def _check_resolution(data: DataConfig) -> None:
     """The sizes and augmentations that cannot go together, each refused in one line."""
     if bool(data.progressive_start_size) != bool(data.progressive_end_size):
         raise ImagenetTrainError(

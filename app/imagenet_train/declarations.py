@@ -40,7 +40,7 @@ def setting(default: Any, help: str, **rules: Any) -> Any:
     return field(default=default, metadata={"setting": Setting(help, **rules)})
 
 
-def declared(instance_or_class: Any) -> list[tuple[dataclasses.Field, Setting]]:
+def declared(instance_or_class: object) -> list[tuple[dataclasses.Field, Setting]]:
     """The fields of a config dataclass that are settings, in declaration order."""
     return [(f, f.metadata["setting"]) for f in dataclasses.fields(instance_or_class) if "setting" in f.metadata]
 
@@ -50,7 +50,7 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def canonical_names(sections: tuple[Any, ...]) -> dict[str, str]:
+def canonical_names(sections: tuple[type, ...]) -> dict[str, str]:
     """Every alias of a declared setting, mapped to the setting's own name."""
     return {alias: d.name for section in sections for d, rule in declared(section) for alias in rule.aliases}
 
@@ -108,7 +108,14 @@ def _parse(kind: type, text: str) -> Any:
         return int(text.strip())
     if kind is float:
         return float(text.strip())
+    if issubclass(kind, Enum):
+        return kind(text)  # a closed set's word: its member (ValueError: not one of them)
     return text
+
+
+def member(kind: type, value: Any) -> Any:
+    """A closed set's word as its enum member (a checked value of any other setting as it is)."""
+    return kind(value) if issubclass(kind, Enum) else value
 
 
 def converter(name: str, kind: type, rule: Setting) -> Callable[[str], Any]:
@@ -274,7 +281,7 @@ def add_options(parser: argparse.ArgumentParser, options_class: type) -> None:
             add_flag(parser, declaration, metadata["setting"], metadata["given_only"], metadata["context"])
 
 
-def json_schema(sections: tuple[Any, ...], exclude: frozenset[str] = frozenset()) -> dict:
+def json_schema(sections: tuple[type, ...], exclude: frozenset[str] = frozenset()) -> dict:
     """JSON Schema (draft 7) of a flat settings mapping, one property per declared setting."""
     properties = {}
     for section in sections:
@@ -292,7 +299,8 @@ _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
 
 def _property(kind: type, rule: Setting, default: Any) -> dict:
-    schema: dict[str, Any] = {"description": rule.help, "type": _JSON_TYPES[kind], "default": default}
+    json_type = next(name for base, name in _JSON_TYPES.items() if issubclass(kind, base))  # a str Enum: string
+    schema: dict[str, Any] = {"description": rule.help, "type": json_type, "default": default}
     if rule.choices:
         schema["enum"] = list(rule.choices)
     for key, bound in (("minimum", rule.minimum), ("exclusiveMinimum", rule.above), ("maximum", rule.maximum)):

@@ -13,6 +13,7 @@ from scipy import stats
 
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Config
+from imagenet_train.config_checks import checked
 from imagenet_train.datasets.pixels import UnsupportedFormat
 from imagenet_train.datasets.source import resolve_source
 from imagenet_train.errors import ImagenetTrainError
@@ -138,4 +139,4 @@ def test_unknown_decoder_is_a_one_line_error():
     config = Config()
     config.data.shards, config.data.decoder = "shards.json", "nvjpeg"
     with pytest.raises(ImagenetTrainError, match="--decoder: expected one of simplejpeg, fused, pil"):
-        config.validate()
+        checked(config)

@@ -4,12 +4,12 @@ and the augmentation policies in the workers."""
 import pytest
 import torch
 
+from imagenet_train.choices import AutoAugment, Decoder
 from imagenet_train.config import Config
 from imagenet_train.datasets.source import resolve_source
 from imagenet_train.loading import dali
 from imagenet_train.loading.batches import train_loader, val_loader
 from imagenet_train.loading.fused_decoder import available as fused_available
-from imagenet_train.loading.options import AutoAugment, Decoder
 from imagenet_train.loading.presets import TrainPreset
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.planning.resolution import CropSchedule

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from imagenet_train.choices import SEED
 from imagenet_train.datasets.index import load_index
 from imagenet_train.planning import plan
 
@@ -52,7 +53,7 @@ def test_the_torchvision_recipe_reads_a_fresh_quarter_of_the_images_4_times(digi
     record, ranks = _train("rn50-torchvision-v2.yaml", digit_shards, tmp_path / "run")
     seen = ranks[0] + ranks[1]
     sizes = load_index(str(digit_shards)).sizes("train")
-    chosen = set(plan.repeated_order(plan.epoch_order(len(sizes), plan.SEED, 0), 4))  # 3 of the 12 shards
+    chosen = set(plan.repeated_order(plan.epoch_order(len(sizes), SEED, 0), 4))  # 3 of the 12 shards
     assert len(seen) == sum(sizes[shard] for shard in chosen) and set(seen.values()) == {4}
     assert record["train_samples"] == 4 * len(seen) == sum(sizes[shard] for shard in chosen for _ in range(4))
     assert ranks[0] and ranks[1]  # the copies went to both ranks (which rank takes which: queue mode decides)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from imagenet_train.config import MAX_CLASSES
 from imagenet_train.datasets import index as shard_index
 from imagenet_train.errors import ImagenetTrainError
 
@@ -46,7 +47,7 @@ def test_num_classes_given_on_the_command_line_is_bounded_too(tmp_path):
 
 
 def test_the_maximum_is_inclusive_and_can_be_raised(tmp_path):
-    maximum, load_index = shard_index.MAX_CLASSES, shard_index.load_index
+    maximum, load_index = MAX_CLASSES, shard_index.load_index
     (tmp_path / "at").mkdir()
     (tmp_path / "over").mkdir()
     assert len(load_index(str(with_classes(tmp_path / "at", maximum))).classes) == maximum

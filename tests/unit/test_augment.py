@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from imagenet_train.choices import AutoAugment
 from imagenet_train.loading.augment import MEAN_PIXEL
-from imagenet_train.loading.options import AutoAugment
 from imagenet_train.loading.presets import TrainPreset
 
 from conftest import jpeg_bytes

@@ -6,17 +6,17 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+from enum import Enum
 
 import pytest
 
+from imagenet_train.choices import Amp, BrokenShardPolicy, Decoder, Mode, Opt
 from imagenet_train.cli import build_parser
 from imagenet_train.config import Config, defaults
 from imagenet_train.config_files import settings_from
 from imagenet_train.declarations import declared, flag
 from imagenet_train.deployment import LauncherKind, ShardServer
-from imagenet_train.loading.options import BrokenShardPolicy, Decoder
 from imagenet_train.planning import plan
-from imagenet_train.planning.plan import Mode
 
 from conftest import REPO as ROOT
 
@@ -89,7 +89,18 @@ def test_a_config_holding_enum_members_saves_and_loads_back_as_the_words():
         "split",
     )
     loaded = settings_from(saved, "config.json")
-    assert loaded["decoder"] == Decoder.FUSED and type(loaded["decoder"]) is str
+    assert loaded["decoder"] is Decoder.FUSED  # the word, read back as its member
+
+
+def test_every_closed_set_is_declared_as_its_enum_and_a_word_becomes_the_member():
+    closed = [(d, rule) for section in Config().sections() for d, rule in declared(section) if rule.choices]
+    assert [d.name for d, _ in closed if not isinstance(d.default, Enum)] == []
+    assert all(d.type == type(d.default).__name__ for d, _ in closed)  # annotated with the enum, not str
+    cfg = Config()
+    cfg.data.mode, cfg.optim.opt, cfg.run.amp = "split", "lars", "bf16"  # as code or an old caller gives them
+    cfg.validate()
+    assert (cfg.data.mode, cfg.optim.opt, cfg.run.amp) == (Mode.SPLIT, Opt.LARS, Amp.BF16)
+    assert type(cfg.data.mode) is Mode and type(cfg.optim.opt) is Opt and type(cfg.run.amp) is Amp
 
 
 # Flags other commands share with `train` in the same meaning. (`shards --workers` or `--seed` are the

@@ -2,7 +2,7 @@
 
 import pytest
 
-from imagenet_train.planning.plan import Mode
+from imagenet_train.choices import Mode
 from imagenet_train.planning.position import Position
 from imagenet_train.planning.resume import EpochStart, epoch_start
 

@@ -1,5 +1,5 @@
-"""The package's layers, read from the source with `ast`: no import cycle, a planner that imports only the
-standard library and does no I/O, and a CLI module that nothing imports."""
+"""The package's layers, read from the source with `ast`: no import cycle, settings on the ground floor, a planner
+that imports only the standard library and does no I/O, and a CLI module that nothing imports."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+import imagenet_train
 
 pytestmark = pytest.mark.unit
 
-PACKAGE = REPO / "app" / "imagenet_train"
+# The package as imported, so that PYTHONPATH picks the checkout these checks read (REPO's app/ in the suite).
+PACKAGE = Path(imagenet_train.__file__).resolve().parent
 ROOT = "imagenet_train"
-# A leaf of plain exceptions (checked below to import only the standard library): the planner's verdicts and
-# refusals are one-line user errors like everywhere else.
-PLANNING_MAY_IMPORT = {f"{ROOT}.errors"}
+# Leaves checked below to import only the standard library: plain exceptions (the planner's verdicts and refusals
+# are one-line user errors like everywhere else) and the settings' closed sets and shared defaults.
+PLANNING_MAY_IMPORT = {f"{ROOT}.errors", f"{ROOT}.choices"}
 # Modules that reach files, sockets or processes; planning/ takes numbers and returns numbers.
 IO_MODULES = {"os", "io", "pathlib", "shutil", "tempfile", "glob", "socket", "subprocess", "urllib", "http", "fcntl"}
 IO_CALLS = {"open", "input", "print"}
@@ -138,6 +139,61 @@ def test_what_the_planner_may_import_imports_only_the_standard_library():
     for name in PLANNING_MAY_IMPORT:
         outside = [t for t, _ in imported(name) if t.split(".")[0] not in sys.stdlib_module_names]
         assert not outside, f"{name} imports {outside}, which planning/ would then import"
+
+
+# The ground floor, and what each of its modules may import of the project besides the standard library: the
+# settings (config.py), their closed sets and shared defaults (choices.py), the declaration machinery and plain
+# exceptions. Every package types against it, so it imports none of them.
+GROUND_FLOOR = {
+    f"{ROOT}.config": {f"{ROOT}.errors", f"{ROOT}.choices", f"{ROOT}.declarations"},
+    f"{ROOT}.choices": {f"{ROOT}.errors"},
+    f"{ROOT}.declarations": {f"{ROOT}.errors"},
+    f"{ROOT}.errors": set(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUND_FLOOR))
+def test_the_settings_import_nothing_above_the_ground_floor(name):
+    wrong = sorted(
+        {
+            f"{MODULES[name].relative_to(PACKAGE)}:{line} imports {target}"
+            for target, line in imported(name)
+            if target not in GROUND_FLOOR[name] and target.split(".")[0] not in sys.stdlib_module_names
+        }
+    )
+    assert not wrong, "the settings must sit on the ground floor:\n" + "\n".join(wrong)
+
+
+# Parameter names that hold a run's settings or a section of them; typed `Any`, a reader cannot follow them to
+# config.py. training/ is exempt while its modules move (issue 36).
+CONFIG_PARAMETERS = {"cfg", "config", "data", "optim", "run", "optim_cfg", "setup", "section"}
+
+
+def _is_any(annotation: ast.expr | None) -> bool:
+    """Whether an annotation is `Any`, `typing.Any` or a union with it (`Any | None`)."""
+    if annotation is None:
+        return False
+    if isinstance(annotation, ast.BinOp):
+        return _is_any(annotation.left) or _is_any(annotation.right)
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return "Any" in annotation.value.replace(" ", "").split("|")
+    return (isinstance(annotation, ast.Name) and annotation.id == "Any") or (
+        isinstance(annotation, ast.Attribute) and annotation.attr == "Any"
+    )
+
+
+def test_no_parameter_holding_settings_is_typed_any():
+    found = []
+    for name, tree in TREES.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            arguments = node.args
+            for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+                if argument.arg in CONFIG_PARAMETERS and _is_any(argument.annotation):
+                    where = f"{MODULES[name].relative_to(PACKAGE)}:{node.lineno}"
+                    found.append(f"{where}: {node.name}({argument.arg}: {ast.unparse(argument.annotation)})")
+    assert not found, "type these against config.py (planning/: a Protocol of its own):\n" + "\n".join(found)
 
 
 def test_the_planner_does_no_file_io():

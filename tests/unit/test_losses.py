@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from imagenet_train.config import Config, OptimConfig
+from imagenet_train.config_checks import checked
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.training.step import TrainStep, batch_mixing, build_criterion, sync_batchnorm
 
@@ -42,7 +43,7 @@ def test_bce_target_threshold_without_bce_is_refused_in_one_line():
     cfg = Config()
     cfg.data.shards, cfg.optim.bce_target_threshold = "shards.json", 0.2
     with pytest.raises(ImagenetTrainError, match=r"^--bce-target-threshold: applies to --loss bce only"):
-        cfg.validate()
+        checked(cfg)
 
 
 def _bn_model() -> torch.nn.Module:

@@ -3,18 +3,13 @@
 
 import pytest
 
+from imagenet_train.choices import LrSchedule, Opt, WarmupMethod
 from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import _config_from
 from imagenet_train.config import Config
+from imagenet_train.config_checks import checked
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.planning.optimization import (
-    LrCurve,
-    LrSchedule,
-    Opt,
-    WarmupMethod,
-    large_batch_advice,
-    warmup_epochs,
-)
+from imagenet_train.planning.optimization import LrCurve, large_batch_advice, warmup_epochs
 from imagenet_train.planning.schedule import Schedule
 
 pytestmark = pytest.mark.unit
@@ -135,7 +130,7 @@ def test_the_warmup_settings_reach_the_schedule_and_constant_from_zero_is_refuse
     cfg = Config()
     cfg.data.shards, cfg.optim.lr_warmup_method = "shards.json", "constant"
     with pytest.raises(ImagenetTrainError, match=r"^--lr-warmup-method constant: .*--lr-warmup-decay above 0"):
-        cfg.validate()
+        checked(cfg)
 
 
 def test_lr_min_is_torchvisions_name_for_cosines_floor():

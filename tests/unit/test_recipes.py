@@ -15,6 +15,7 @@ from chartkit import CHART_DIR
 from chartkit.values import coalesce, load_yaml, schema_errors
 from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import train_config
+from imagenet_train.config_checks import checked
 
 from conftest import REPO
 
@@ -70,7 +71,7 @@ def test_the_header_names_the_anchor_its_figure_as_the_anchors_and_the_run_it_de
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
 def test_the_recipe_loads_through_train_config_and_passes_its_checks(path):
-    cfg = train_config(["--config", str(path), "--train-urls", "x-{0..9}.tar", "--train-samples", "10"]).validate()
+    cfg = checked(train_config(["--config", str(path), "--train-urls", "x-{0..9}.tar", "--train-samples", "10"]))
     nodes, per_node = world(path)
     assert cfg.for_world(nodes * per_node).data.batch_size * nodes * per_node == cfg.data.global_batch_size
 

@@ -8,6 +8,7 @@ import pytest
 from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import _config_from
 from imagenet_train.config import Config, DataConfig
+from imagenet_train.config_checks import checked
 from imagenet_train.config_files import load_settings
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.dali import available as dali_available
@@ -86,7 +87,7 @@ def test_a_config_file_giving_both_names_of_one_setting_is_refused(tmp_path):
 )
 def test_bad_combinations_are_refused_in_one_line(flags, message):
     with pytest.raises((ImagenetTrainError, SystemExit)) as raised:
-        config_of(*flags).validate()
+        checked(config_of(*flags))
     if raised.type is ImagenetTrainError:
         assert message in str(raised.value) and "\n" not in str(raised.value)
 
@@ -94,4 +95,4 @@ def test_bad_combinations_are_refused_in_one_line(flags, message):
 @pytest.mark.skipif(not dali_available(), reason="NVIDIA DALI not installed")
 def test_random_erase_is_refused_with_the_dali_decoder():
     with pytest.raises(ImagenetTrainError, match="--random-erase: not available with --decoder dali"):
-        config_of("--random-erase", "0.25", "--decoder", "dali").validate()
+        checked(config_of("--random-erase", "0.25", "--decoder", "dali"))

@@ -4,6 +4,7 @@ import pytest
 
 from imagenet_train.cli import build_parser
 from imagenet_train.config import Config
+from imagenet_train.config_checks import checked
 from imagenet_train.declarations import declared, flag
 from imagenet_train.errors import ImagenetTrainError
 
@@ -36,7 +37,7 @@ def test_values_set_in_code_get_the_same_one_line_check_as_flags(section, name, 
     cfg.data.shards = "shards.json"
     setattr(getattr(cfg, section), name, value)
     with pytest.raises(ImagenetTrainError) as caught:
-        cfg.validate()
+        checked(cfg)
     assert str(caught.value).startswith(message)
 
 
@@ -44,20 +45,20 @@ def test_the_loader_may_not_give_up_before_the_io_budget():
     cfg = Config()
     cfg.data.shards, cfg.data.io_timeout, cfg.data.loader_timeout = "shards.json", 900, 600
     with pytest.raises(ImagenetTrainError, match="--loader-timeout: 600 s would give up before --io-timeout 900 s"):
-        cfg.validate()
+        checked(cfg)
     cfg.data.loader_timeout = 0  # wait forever is allowed
-    cfg.validate()
+    checked(cfg)
 
 
 def test_repeated_augmentation_is_a_flag_and_needs_a_mode_that_reads_shards_in_order():
     from imagenet_train.commands.train_cmd import train_config
 
-    assert train_config(["--shards", "x", "--mode", "queue", "--ra-reps", "4"]).validate().data.ra_reps == 4
+    assert checked(train_config(["--shards", "x", "--mode", "queue", "--ra-reps", "4"])).data.ra_reps == 4
     cfg = train_config(["--shards", "x", "--ra-reps", "4"])  # the default mode, resampled
     with pytest.raises(ImagenetTrainError, match=r"^--ra-reps 4: needs --mode split or queue") as caught:
-        cfg.validate()
+        checked(cfg)
     assert "\n" not in str(caught.value)
-    train_config(["--shards", "x", "--ra-reps", "1"]).validate()  # 1 (and 0, the default) is off
+    checked(train_config(["--shards", "x", "--ra-reps", "1"]))  # 1 (and 0, the default) is off
     schema = (REPO / "helm" / "imagenet-train" / "values.schema.json").read_text()
     settings = (REPO / "docs" / "settings.md").read_text()
     assert '"ra_reps"' in schema and "`--ra-reps` / `ra_reps`" in settings

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from imagenet_train.choices import BrokenShardPolicy
 from imagenet_train.datasets.source import ShardInfo
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.integrity import VerifyingReader
 from imagenet_train.loading import stages
-from imagenet_train.loading.options import BrokenShardPolicy
 
 pytestmark = pytest.mark.unit
 

@@ -5,10 +5,11 @@ the square-root LR scaling timm gives adaptive optimizers."""
 import pytest
 import torch
 
+from imagenet_train.choices import Opt
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import Config
+from imagenet_train.config_checks import checked
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.planning.optimization import Opt
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import models
 from imagenet_train.training.step import parameter_groups
@@ -51,7 +52,7 @@ def test_drop_path_between_minus_one_and_zero_is_refused_in_one_line():
     cfg = Config()
     cfg.data.shards, cfg.run.drop_path = "shards.json", -0.5
     with pytest.raises(ImagenetTrainError, match=r"^--drop-path: expected -1 \(the model's default\)"):
-        cfg.validate()
+        checked(cfg)
 
 
 def test_a_timm_vits_position_embedding_and_class_token_are_not_decayed():

@@ -62,6 +62,7 @@ class EvaluateOptions:
 def _config_from(args: argparse.Namespace):
     """Defaults, then the `--config` file's settings (a run's config.json repeats its data settings), then flags."""
     from imagenet_train.config import Config
+    from imagenet_train.config_checks import checked
     from imagenet_train.config_files import load_settings
 
     given = vars(args)
@@ -71,7 +72,7 @@ def _config_from(args: argparse.Namespace):
         for name in SETTINGS:
             if hasattr(section, name):
                 setattr(section, name, given.get(name, chosen.get(name, declaration(name)[0].default)))
-    return cfg.validate()
+    return checked(cfg)
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from imagenet_train.choices import Mode
 from imagenet_train.commands import Command, training
 from imagenet_train.declarations import option
 from imagenet_train.errors import ImagenetTrainError, clip
@@ -121,9 +122,8 @@ def _plan_setup(args: argparse.Namespace) -> None:
 
 def _mismatches(setup: plan.Setup, assessment: plan.Assessment, simulated: list[SimulatedRank] | None) -> list[str]:
     """Where the real loaders disagreed with the plan (nothing without --simulate)."""
-    from imagenet_train.planning import plan
 
-    if setup.mode is plan.Mode.QUEUE:  # per-rank shares are dynamic: check that every sample was read once
+    if setup.mode is Mode.QUEUE:  # per-rank shares are dynamic: check that every sample was read once
         got = sum(s.samples for s in simulated or [])
         if simulated and got != sum(setup.shard_sizes):
             return [f"the queue gave {got} samples of {sum(setup.shard_sizes)}"]
@@ -170,7 +170,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         print(f"  rank {s.rank} worker {worker} opened: {' '.join(names) or '-'}")
             agreed = (
                 f"the queue handed out every sample exactly once over {setup.world} ranks"
-                if setup.mode is plan.Mode.QUEUE
+                if setup.mode is Mode.QUEUE
                 else f"the real loaders gave exactly the planned batches on all {setup.world} ranks"
             )
             print("simulation: " + ("; ".join(mismatches) if mismatches else agreed))

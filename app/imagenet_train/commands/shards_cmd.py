@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from imagenet_train.commands import Command, training
+from imagenet_train.config import MAX_IMAGE_PIXELS
 from imagenet_train.datasets.fashion_mnist import DEBIAN_SOURCE, ValFrom
-from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS
 from imagenet_train.declarations import option, positional
 
 

@@ -64,7 +64,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _check_train(args: argparse.Namespace) -> None:
     """The cross-field checks of a training configuration, before anything starts."""
-    args.config = _config_from(args).validate()
+    from imagenet_train.config_checks import checked
+
+    args.config = checked(_config_from(args))
 
 
 COMMANDS = (

@@ -8,8 +8,8 @@ import warnings
 import simplejpeg
 from PIL import Image
 
+from imagenet_train.config import MAX_IMAGE_PIXELS
 from imagenet_train.datasets.pixels import (
-    MAX_IMAGE_PIXELS,
     REENCODE_FORMATS,
     ImageTooLarge,
     UnsupportedFormat,

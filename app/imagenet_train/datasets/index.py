@@ -9,10 +9,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from imagenet_train.config import IO_TIMEOUT, MAX_CLASSES
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import storage
 from imagenet_train.io.atomic import atomic_write
-from imagenet_train.io.resumable import IO_TIMEOUT
 
 INDEX_NAME = "shards.json"
 INDEX_KIND = "wids-shard-index-v1"
@@ -32,10 +32,6 @@ MAX_SHARD_SAMPLES = 10_000_000
 # Per split: far beyond any image dataset (ImageNet-21k has 14 million). `plan --simulate` is bounded apart
 # from this, by what the shards really hold (loading/simulate.py).
 MAX_SPLIT_SAMPLES = 10_000_000_000
-# Classes an index may list (--max-classes): the classifier head, its gradients and optimizer state grow with
-# them on every rank (3 million classes make a ResNet-50 head of 6 GB). ImageNet-21k has 21,841; 100,000 leaves
-# room for larger label sets while a head stays under ~1 GB.
-MAX_CLASSES = 100_000
 
 _HEX = {"sha256": re.compile(r"[0-9a-fA-F]{64}"), "md5sum": re.compile(r"[0-9a-fA-F]{32}")}
 

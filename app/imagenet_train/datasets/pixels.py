@@ -19,9 +19,6 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     from PIL import Image
 
-# 8192 x 8192 = 64 Mi px: 192 MiB as decoded RGB, the most one image may cost a worker. ImageNet's largest
-# images are ~4288 x 2848 (12 MP), so this leaves 5x headroom for other photo datasets.
-MAX_IMAGE_PIXELS = 1 << 26
 
 # Pillow hands bytes to whichever of its ~40 plugins claims them: EPS and PDF start Ghostscript, others are
 # rarely exercised parsers. Training decodes JPEG only; `shards` also re-encodes PNG. Anything else is a

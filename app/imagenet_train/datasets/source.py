@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from imagenet_train.datasets.index import MAX_CLASSES, ShardIndex, check_class_count, load_index
+from imagenet_train.config import IO_TIMEOUT, MAX_CLASSES, DataConfig
+from imagenet_train.datasets.index import ShardIndex, check_class_count, load_index
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io.resumable import IO_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -88,8 +87,8 @@ def resolve_source(
     return DataSource(urls, expand_urls(val_urls), None, train_samples, num_classes)
 
 
-def run_source(data: Any) -> DataSource:
-    """The shards a run's data settings (config.DataConfig) name: what every launcher trains on."""
+def run_source(data: DataConfig) -> DataSource:
+    """The shards a run's data settings name: what every launcher trains on."""
     return resolve_source(
         data.shards,
         data.train_urls,

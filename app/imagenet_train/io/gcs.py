@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write, replacing, write_failed
-from imagenet_train.io.resumable import IO_TIMEOUT, Opened, Transient, call, is_local
+from imagenet_train.io.resumable import Opened, Transient, call, is_local
 
 T = TypeVar("T")
 

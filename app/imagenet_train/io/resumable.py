@@ -34,9 +34,6 @@ from imagenet_train.errors import ImagenetTrainError
 
 log = logging.getLogger(__name__)
 
-# Seconds of outage (of the shard server or a bucket) to wait out before failing: long enough for a server pod
-# to be rescheduled. The default of --io-timeout and of every function that waits.
-IO_TIMEOUT = 900.0
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 30.0
 LOG_EVERY_S = 60.0

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from imagenet_train import waiting
+from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import redirects
 from imagenet_train.io.redirects import RedirectPolicy
-from imagenet_train.io.resumable import IO_TIMEOUT, Opened, ResumableReader, Transient, buffered, stall_window
+from imagenet_train.io.resumable import Opened, ResumableReader, Transient, buffered, stall_window
 
 HTTP_TIMEOUT_S = 60.0
 

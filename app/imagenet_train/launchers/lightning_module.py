@@ -20,13 +20,14 @@ ensure_torchvision()  # Lightning imports torchvision (through torchmetrics) as 
 
 import lightning
 
+from imagenet_train.choices import Mode
 from imagenet_train.config import Config
+from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.batches import seed_augmentation, train_loader, val_loader
 from imagenet_train.loading.device import normalize
 from imagenet_train.loading.stream import EpochLoader
-from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import models
 from imagenet_train.training.evaluation import Totals
@@ -80,7 +81,7 @@ class ShardDataModule(lightning.LightningDataModule):
 
     def __init__(self, cfg: Config):
         super().__init__()
-        cfg.validate()
+        checked(cfg)
         refuse_uneven_modes(cfg)
         refuse_train_only_settings(cfg)
         self.cfg = cfg

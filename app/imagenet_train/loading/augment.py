@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import torch
 
+from imagenet_train.choices import AutoAugment, Interpolation
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.loading.options import AutoAugment, Interpolation
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402

@@ -1,29 +1,27 @@
 """A run's batches on the device: the train and val loaders built from the run's data settings, decoded by the
 loader workers or by DALI, and copied to the device one step ahead of the step that uses them.
 
-The training package asks for an epoch of batches and never sees a decoder. `cfg` is the run's Config, read
-by name (its data and run sections) so that loading/ never imports config, which imports loading's options.
+The training package asks for an epoch of batches and never sees a decoder.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import partial
-from typing import Any
 
 import torch
 
+from imagenet_train.choices import Decoder, Mode
+from imagenet_train.config import Config, DataConfig
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.loading.batching import Batch
 from imagenet_train.loading.dali import DaliAugment, DaliDecoder, jpeg_bytes, pack_jpegs
 from imagenet_train.loading.device import device_batches
-from imagenet_train.loading.options import Decoder
 from imagenet_train.loading.presets import TrainPreset, ValPreset
 from imagenet_train.loading.shard_queue import job_queue
 from imagenet_train.loading.stages import ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.loading.workers import worker_context
-from imagenet_train.planning.plan import Mode
 from imagenet_train.planning.resolution import CropSchedule
 
 
@@ -41,12 +39,12 @@ def seed_augmentation(seed: int, rank: int) -> None:
     torch.manual_seed(augmentation_seed(seed, rank))
 
 
-def shard_reading(data: Any, source: DataSource) -> ShardReading:
+def shard_reading(data: DataConfig, source: DataSource) -> ShardReading:
     """How the loaders read shards: the outage budget, broken-shard policy, expected sizes and cache."""
     return ShardReading(data.io_timeout, data.on_broken_shard, source.expected, data.cache_dir, data.verify_shards)
 
 
-def _per_sample(data: Any, preset: TrainPreset | ValPreset) -> tuple:
+def _per_sample(data: DataConfig, preset: TrainPreset | ValPreset) -> tuple:
     """The workers' per-sample transform and collate: the JPEG bytes for DALI to decode in the rank, else the
     preset's decode and augmentation."""
     if data.decoder == Decoder.DALI:
@@ -55,7 +53,7 @@ def _per_sample(data: Any, preset: TrainPreset | ValPreset) -> tuple:
 
 
 def train_loader(
-    cfg: Any,
+    cfg: Config,
     rank: int,
     world: int,
     device: torch.device,
@@ -107,7 +105,7 @@ def train_loader(
     )
 
 
-def val_loader(cfg: Any, rank: int, world: int, device: torch.device, source: DataSource) -> EpochLoader | None:
+def val_loader(cfg: Config, rank: int, world: int, device: torch.device, source: DataSource) -> EpochLoader | None:
     """This rank's share of the validation shards, read once in order (None without val shards)."""
     if not source.val_urls:
         return None
@@ -150,7 +148,7 @@ class RunBatches:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: Config,
         rank: int,
         world: int,
         device: torch.device,

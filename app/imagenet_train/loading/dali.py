@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_image, decoding
+from imagenet_train.choices import AutoAugment, Interpolation
+from imagenet_train.config import CROP_SIZE, MAX_IMAGE_PIXELS, MIN_CROP_SCALE
+from imagenet_train.datasets.pixels import check_image, decoding
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.device import IMAGENET_MEAN, IMAGENET_STD
-from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, AutoAugment, Interpolation
 
 Batch = tuple[torch.Tensor, torch.Tensor, list]
 

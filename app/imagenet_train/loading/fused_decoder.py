@@ -15,10 +15,11 @@ from fractions import Fraction
 import numpy as np
 import torch
 
+from imagenet_train.choices import Interpolation
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.datasets.pixels import MAX_IMAGE_PIXELS, check_pixels, decoding, open_checked
+from imagenet_train.config import CROP_SIZE, MAX_IMAGE_PIXELS, MIN_CROP_SCALE
+from imagenet_train.datasets.pixels import check_pixels, decoding, open_checked
 from imagenet_train.loading.crop_boxes import Box, random_resized_crop_box
-from imagenet_train.loading.options import CROP_SIZE, MIN_CROP_SCALE, Interpolation
 
 ensure_torchvision()
 from torchvision.transforms.v2 import functional  # noqa: E402

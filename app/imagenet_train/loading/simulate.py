@@ -12,14 +12,13 @@ import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from imagenet_train.choices import BrokenShardPolicy, Mode
 from imagenet_train.datasets.source import ShardInfo
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.batching import batched
-from imagenet_train.loading.options import BrokenShardPolicy
 from imagenet_train.loading.stages import ShardReading, read_shards
 from imagenet_train.loading.stream import ShardStream
 from imagenet_train.planning import plan
-from imagenet_train.planning.plan import Mode
 
 # The simulation reports damage rather than hiding it; shards the index has a sha256 for are checked against it.
 READING = ShardReading(io_timeout=0, on_broken=BrokenShardPolicy.FAIL)

@@ -11,14 +11,14 @@ from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
+from imagenet_train.choices import BrokenShardPolicy
+from imagenet_train.config import IO_TIMEOUT, MAX_CORRUPT_STREAK
 from imagenet_train.datasets.pixels import CorruptImage
 from imagenet_train.datasets.source import ShardInfo
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import storage, tarstream
 from imagenet_train.io.cache import open_cached, open_verified
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
-from imagenet_train.io.resumable import IO_TIMEOUT
-from imagenet_train.loading.options import MAX_CORRUPT_STREAK, BrokenShardPolicy
 
 log = logging.getLogger(__name__)
 

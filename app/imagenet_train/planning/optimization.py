@@ -5,60 +5,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 
-AUTO_WARMUP = -1.0  # --warmup-epochs -1: grows with the global batch
+from imagenet_train.choices import AUTO_WARMUP, LrSchedule, Opt, WarmupMethod
+
 GOYAL_BATCH = 8192  # Goyal et al.: 5 warmup epochs at 8K; plain SGD stops scaling above it
 GOYAL_WARMUP_EPOCHS = 5.0
 SMALL_BATCH_WARMUP_EPOCHS = 1.0
 
 
-class Opt(str, Enum):
-    """The optimizer (the value is the --opt word)."""
-
-    SGD = "sgd"  # torch.optim.SGD; --nesterov for Nesterov momentum
-    ADAMW = "adamw"  # torch.optim.AdamW
-    LAMB = "lamb"  # timm.optim.Lamb
-    LARS = "lars"  # timm.optim.Lars; --nesterov applies
-
-    def __str__(self) -> str:
-        return self.value
-
-
 MOMENTUM_OPTS = (Opt.SGD, Opt.LARS)  # the ones --momentum and --nesterov apply to
 TIMM_OPTS = (Opt.LAMB, Opt.LARS)  # the ones that need the [timm] extra
-
-
-class LrSchedule(str, Enum):
-    """The LR's shape after the warmup (the value is the --lr-schedule word)."""
-
-    COSINE = "cosine"  # half a cosine from the peak to --lr-end
-    STEP = "step"  # torchvision's: x --lr-gamma every --lr-step-epochs epochs
-    POLY = "poly"  # MLPerf's: polynomial decay, power 2, from the peak to --lr-end
-    TRIANGULAR = "triangular"  # FFCV's: straight down from the peak to 0 at the end
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Loss(str, Enum):
-    """The training loss (the value is the --loss word)."""
-
-    CE = "ce"  # torch's CrossEntropyLoss with --label-smoothing
-    BCE = "bce"  # timm.loss.BinaryCrossEntropy (ResNet Strikes Back)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class WarmupMethod(str, Enum):
-    """The LR's shape during the warmup (the value is the --lr-warmup-method word; torchvision's names)."""
-
-    LINEAR = "linear"  # torchvision's LinearLR: from --lr-warmup-decay x the peak up to the peak
-    CONSTANT = "constant"  # torchvision's ConstantLR: --lr-warmup-decay x the peak throughout, then the peak
-
-    def __str__(self) -> str:
-        return self.value
 
 
 LR_BASE_BATCH = 256  # the global batch --lr is given for (timm's --lr-base-size, Goyal et al.'s 256)

@@ -7,28 +7,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
+from imagenet_train.choices import BATCH_SIZE, EPOCH_BATCHES, REPEAT, SEED, WORKERS, Mode
 from imagenet_train.errors import ImagenetTrainError
-
-# The defaults of the training settings the planner shares (config.py declares those settings with these), so
-# that a Setup made by hand plans what `train` would run.
-WORKERS = 8  # DataLoader workers per rank
-BATCH_SIZE = 256  # per rank
-EPOCH_BATCHES = 0  # resampled: one pass over the data; split: no cut
-REPEAT = 1  # split: each worker reads its shard list once per epoch
-SEED = 0
-
-
-class Mode(str, Enum):
-    """How shards reach the ranks (the value is the --mode word)."""
-
-    RESAMPLED = "resampled"  # shards drawn at random: equal batches per rank by construction
-    SPLIT = "split"  # every sample once, shards split over ranks and workers; the step runs under Join
-    QUEUE = "queue"  # every sample once, shards handed out at run time to whichever rank is free
-
-    def __str__(self) -> str:
-        return self.value  # in messages, the --mode word (Python 3.11+ would format it as Mode.SPLIT)
 
 
 class Verdict(str, Enum):
@@ -99,6 +81,16 @@ def resampled_epoch_batches(total_samples: int, batch_size: int, world_size: int
     return batches
 
 
+class LoaderSettings(Protocol):
+    """What a Setup reads of a run's data settings (config.DataConfig) or of the `plan` command's options."""
+
+    workers: int
+    batch_size: int
+    mode: str
+    epoch_batches: int
+    repeat: int
+
+
 @dataclass(frozen=True)
 class Setup:
     """A launch configuration to check before any GPU is spent."""
@@ -130,7 +122,7 @@ class Setup:
             raise ImagenetTrainError(f"plan: --mode must be resampled, split or queue, got '{self.mode}'") from None
 
     @classmethod
-    def of(cls, data: Any, seed: int, shard_sizes: Sequence[int], **given: Any) -> Setup:
+    def of(cls, data: LoaderSettings, seed: int, shard_sizes: Sequence[int], **given: Any) -> Setup:
         """The one way a run's Setup is made: workers, batch_size, mode, epoch_batches and repeat come from
         `data` (the training config's data section, or the `plan` command's options) unless `given`."""
         taken = {name: getattr(data, name) for name in ("workers", "batch_size", "mode", "epoch_batches", "repeat")}

@@ -5,9 +5,20 @@ loader and docs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 STEP = 32  # FFCV rounds the ramp's sizes to multiples of 32 (at ImageNet sizes)
+
+
+class ResolutionSettings(Protocol):
+    """What a CropSchedule reads of a run's data settings (config.DataConfig)."""
+
+    train_crop_size: int
+    progressive_start_size: int
+    progressive_end_size: int
+    progressive_start_epoch: int
+    progressive_end_epoch: int
+    progressive_step: int
 
 
 @dataclass(frozen=True)
@@ -25,8 +36,8 @@ class CropSchedule:
     step: int = STEP  # the ramp's sizes are multiples of this
 
     @classmethod
-    def of(cls, data: Any, epoch_length: float = 1.0) -> CropSchedule:
-        """The schedule a run's data settings (config.DataConfig) describe, for loop epochs of `epoch_length`
+    def of(cls, data: ResolutionSettings, epoch_length: float = 1.0) -> CropSchedule:
+        """The schedule a run's data settings describe, for loop epochs of `epoch_length`
         data epochs each."""
         return cls(
             data.train_crop_size,

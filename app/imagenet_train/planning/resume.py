@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from imagenet_train.planning.plan import Mode
+from imagenet_train.choices import Mode
 from imagenet_train.planning.position import Position
 
 

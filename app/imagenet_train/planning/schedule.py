@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import NamedTuple, Protocol
 
+from imagenet_train.choices import LrSchedule, Mode, Opt, WarmupMethod
 from imagenet_train.planning import optimization, plan
-from imagenet_train.planning.optimization import LrCurve, LrSchedule, Opt, WarmupMethod, scaled_lr
+from imagenet_train.planning.optimization import LrCurve, scaled_lr
 from imagenet_train.planning.position import Position
 from imagenet_train.planning.resume import EpochStart, epoch_start
 
@@ -22,6 +23,48 @@ class Accumulation(NamedTuple):
 
 
 ONE_STEP = Accumulation(1, True, True)  # no accumulation
+
+
+class DataSettings(Protocol):
+    """What a Schedule reads of a run's data settings (config.DataConfig)."""
+
+    mode: str
+    batch_size: int
+    workers: int
+    epoch_batches: int
+    repeat: int
+    ra_reps: int
+
+
+class OptimSettings(Protocol):
+    """What a Schedule reads of a run's optimizer settings (config.OptimConfig)."""
+
+    opt: str
+    lr: float
+    warmup_epochs: float
+    lr_schedule: str
+    lr_step_epochs: int
+    lr_gamma: float
+    lr_end: float
+    lr_warmup_method: str
+    lr_warmup_decay: float
+    grad_accum_steps: int
+
+
+class RunSettings(Protocol):
+    """What a Schedule reads of a run's run settings (config.RunConfig)."""
+
+    seed: int
+    epochs: int
+    total_samples: int
+
+
+class Settings(Protocol):
+    """A run's settings as a Schedule reads them (config.Config): planning/ never imports config."""
+
+    data: DataSettings
+    optim: OptimSettings
+    run: RunSettings
 
 
 @dataclass(frozen=True)
@@ -50,14 +93,11 @@ class Schedule:
     ra_reps: int = 1  # split mode's plan reads a 1/ra_reps share of the shards, each ra_reps times
 
     @classmethod
-    def of(cls, cfg: Any, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
+    def of(cls, cfg: Settings, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
         """The schedule of a run; the base LR scales with the optimizer's global batch as timm scales --lr-base
-        (optimization.scaled_lr).
-
-        `cfg` is the run's Config (its data, optim and run sections), read by name so that planning/ never
-        imports config."""
+        (optimization.scaled_lr)."""
         data, optim = cfg.data, cfg.optim
-        accumulate = getattr(optim, "grad_accum_steps", 1)
+        accumulate = optim.grad_accum_steps
         return cls(
             mode=data.mode,
             train_samples=train_samples,
@@ -104,11 +144,11 @@ class Schedule:
         """Steps in one epoch: every rank's in resampled mode, the longest rank's in split/queue mode."""
         if self.total_samples:
             return min(self.interval, self.total - epoch * self.interval)
-        if self.mode == plan.Mode.RESAMPLED:
+        if self.mode == Mode.RESAMPLED:
             return self.epoch_batches_option or plan.resampled_epoch_batches(
                 self.train_samples, self.batch_size, self.world
             )
-        if self.train_sizes is None or self.mode == plan.Mode.QUEUE:
+        if self.train_sizes is None or self.mode == Mode.QUEUE:
             # Queue mode: ranks take what they can; an even share (plus a partial batch per worker).
             return max(1, math.ceil(self.train_samples / self.global_batch)) + (self.workers or 1)
         setup = plan.Setup.of(
@@ -116,7 +156,7 @@ class Schedule:
             self.seed,
             self.train_sizes,
             gpus_per_node=self.world,
-            mode=plan.Mode.SPLIT,
+            mode=Mode.SPLIT,
             epoch_batches=self.epoch_batches_option,
             epoch=epoch,
         )
@@ -147,7 +187,7 @@ class Schedule:
     def cut(self) -> bool:
         """Whether a loop epoch is other than one pass over the data: --total-samples, or --epoch-batches outside
         queue mode (which reads every shard once per epoch whatever it says)."""
-        return bool(self.total_samples or (self.epoch_batches_option and self.mode != plan.Mode.QUEUE))
+        return bool(self.total_samples or (self.epoch_batches_option and self.mode != Mode.QUEUE))
 
     @cached_property
     def interval_epochs(self) -> float:
@@ -209,7 +249,7 @@ class Schedule:
     @property
     def exact(self) -> bool:
         """Every sample once per epoch (split and queue modes): ranks may get uneven batch counts, under Join."""
-        return self.mode in (plan.Mode.SPLIT, plan.Mode.QUEUE)
+        return self.mode in (Mode.SPLIT, Mode.QUEUE)
 
     def start(self, saved: Position | None, epoch: int) -> EpochStart:
         """Where `epoch` starts on this schedule's ranks, from the position a checkpoint saved (if any)."""

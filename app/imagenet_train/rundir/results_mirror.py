@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from imagenet_train import waiting
+from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs, transfer
-from imagenet_train.io.resumable import IO_TIMEOUT
 from imagenet_train.rundir.run_record import METRICS, epoch_lines, merge_fetched
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from imagenet_train.config import DataConfig
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write
@@ -55,9 +56,14 @@ def write_config(run_dir: Path, config_json: str, derived: dict[str, Any]) -> di
 
 
 def derived(
-    info: Launch, schedule: Schedule, source: DataSource, amp: torch.dtype | None, epoch: int, data: Any = None
+    info: Launch,
+    schedule: Schedule,
+    source: DataSource,
+    amp: torch.dtype | None,
+    epoch: int,
+    data: DataConfig | None = None,
 ) -> dict:
-    """What a run derived from its settings (`data`: its config.DataConfig) and its launch, for config.json."""
+    """What a run derived from its settings (`data`: its data section) and its launch, for config.json."""
     return {
         **({} if data is None else {"val_crop_size": data.eval_crop_size()}),  # 0 resolved to the train crop
         "world_size": info.world,

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from imagenet_train.choices import Mode
 from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.device import normalize
 from imagenet_train.loading.stream import EpochLoader
-from imagenet_train.planning.plan import Mode
 from imagenet_train.rundir import checkpoint
 from imagenet_train.training.dist import DistInfo, all_sum
 from imagenet_train.training.hooks import unsaved_on_stop, write_keys

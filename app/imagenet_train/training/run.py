@@ -10,6 +10,7 @@ from pathlib import Path
 
 from imagenet_train import waiting
 from imagenet_train.config import Config
+from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.planning import plan
@@ -26,7 +27,7 @@ def train(cfg: Config) -> dict:
 
     Raises Preempted after a clean stop on SIGTERM/SIGUSR1 (the CLI exits with 128 + the signal).
     """
-    cfg.validate()
+    checked(cfg)
     check_installed(cfg.run.tracker)  # every rank, before the process group: one line, exit 2
     request = StopRequest()
     request.install()  # before the first collective: a signal during start-up is noted, not fatal

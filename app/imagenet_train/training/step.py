@@ -19,12 +19,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from imagenet_train.choices import Amp
+from imagenet_train.choices import Amp, Loss, Opt
 from imagenet_train.compat import ensure_torchvision, require_timm
 from imagenet_train.config import Config, OptimConfig
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.device import normalize
-from imagenet_train.planning.optimization import Loss, Opt
 from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.schedule import ONE_STEP, Accumulation, Schedule
 from imagenet_train.training import models
