@@ -6,7 +6,7 @@ from __future__ import annotations
 from imagenet_train.choices import AUTO_WARMUP, Decoder, Loss, Mode, Opt, WarmupMethod
 from imagenet_train.config import Config, DataConfig
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.planning.optimization import MOMENTUM_OPTS, TIMM_OPTS
+from imagenet_train.planning.schedule import MOMENTUM_OPTS, TIMM_OPTS
 
 
 def checked(cfg: Config) -> Config:

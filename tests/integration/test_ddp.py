@@ -3,7 +3,7 @@
 import json
 from collections import Counter
 
-from imagenet_train.datasets.index import load_index
+from imagenet_train.datasets.source import load_index
 from imagenet_train.planning import plan
 
 from conftest import SMALL_TRAIN, read_metrics, torchrun

@@ -2,7 +2,7 @@
 
 import pytest
 
-from imagenet_train.datasets.index import brace, load_index
+from imagenet_train.datasets.source import brace, load_index
 from imagenet_train.errors import ImagenetTrainError
 
 

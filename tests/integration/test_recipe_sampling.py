@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from imagenet_train.choices import SEED
-from imagenet_train.datasets.index import load_index
+from imagenet_train.datasets.source import load_index
 from imagenet_train.planning import plan
 
 from conftest import REPO, read_metrics, torchrun

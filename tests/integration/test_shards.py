@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imagenet_train.datasets.convert import ShardOptions, convert
-from imagenet_train.datasets.index import load_index
+from imagenet_train.datasets.source import load_index
 from imagenet_train.errors import ImagenetTrainError
 
 from conftest import jpeg_bytes, write_image_folder

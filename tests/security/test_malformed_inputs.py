@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from imagenet_train.cli import main
-from imagenet_train.datasets.index import load_index
+from imagenet_train.datasets.source import load_index
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.ops.run_report import read_records, samples_seen, summary_table
 

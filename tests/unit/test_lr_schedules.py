@@ -9,8 +9,7 @@ from imagenet_train.commands.train_cmd import _config_from
 from imagenet_train.config import Config
 from imagenet_train.config_checks import checked
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.planning.optimization import LrCurve, large_batch_advice, warmup_epochs
-from imagenet_train.planning.schedule import Schedule
+from imagenet_train.planning.schedule import LrCurve, Schedule, large_batch_advice, warmup_epochs
 
 pytestmark = pytest.mark.unit
 

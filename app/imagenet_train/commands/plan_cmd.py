@@ -93,7 +93,7 @@ def _plan_setup(args: argparse.Namespace) -> None:
     urls: list[str] = []
     args.expected = {}
     if args.shards:
-        from imagenet_train.datasets.index import load_index
+        from imagenet_train.datasets.source import load_index
 
         index = load_index(args.shards, trust_index=args.trust_index)
         sizes, urls = index.sizes("train"), index.urls("train")
@@ -138,7 +138,7 @@ def _mismatches(setup: plan.Setup, assessment: plan.Assessment, simulated: list[
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan and its verdict (checked against the real loaders with --simulate); 1 on a hang or mismatch."""
     from imagenet_train.planning import plan
-    from imagenet_train.planning.optimization import large_batch_advice
+    from imagenet_train.planning.schedule import large_batch_advice
 
     setup, urls = args.setup
     assessment = plan.assess(setup)

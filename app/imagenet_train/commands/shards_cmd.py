@@ -158,7 +158,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
 
 def cmd_summarize(args: argparse.Namespace) -> int:
     """Print an index's classes and, per split, its samples, shards and shard URLs in brace notation."""
-    from imagenet_train.datasets.index import brace, load_index
+    from imagenet_train.datasets.source import brace, load_index
 
     index = load_index(args.location, trust_index=args.trust_index)
     summary = {"index": index.location, "classes": len(index.classes), "splits": {}}

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from imagenet_train import waiting
-from imagenet_train.datasets.index import ShardIndex, load_index
+from imagenet_train.datasets.source import ShardIndex, load_index
 from imagenet_train.errors import ImagenetTrainError, one_line
 from imagenet_train.io import storage, tarstream
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
