@@ -22,7 +22,15 @@ import time
 import torch
 
 from imagenet_train.config import Config
-from imagenet_train.config_checks import checked
+
+try:  # settings checked at the entry point (config_checks.checked); before, Config.validate did it all
+    from imagenet_train.config_checks import checked
+except ImportError:
+
+    def checked(cfg: Config) -> Config:
+        """The older trees' whole check."""
+        return cfg.validate()
+
 
 try:  # this tree's layout by concern
     from imagenet_train.datasets.source import resolve_source

@@ -16,8 +16,8 @@ from imagenet_train.datasets.digits import write_digits
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.ops.serve import NginxServer
 
-# The small-images recipe: ResNet-18 at 32 px, mild crops, no flips (the digits are 8x8 at heart, and flips change
-# them). Its global batch is divided over --nproc processes.
+# The small-images recipe (timm's ResNet-18 at width 16 with the small stem, 28 px, no crop scale), without its
+# flips here (see the command). Its global batch is divided over --nproc processes.
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "small-images.yaml"
 
 

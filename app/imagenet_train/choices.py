@@ -86,6 +86,10 @@ class Opt(str, Enum):
         return self.value
 
 
+MOMENTUM_OPTS = (Opt.SGD, Opt.LARS)  # the ones --momentum and --nesterov apply to
+TIMM_OPTS = (Opt.LAMB, Opt.LARS)  # the ones that need the [timm] extra
+
+
 class LrSchedule(str, Enum):
     """The LR's shape after the warmup (the value is the --lr-schedule word)."""
 

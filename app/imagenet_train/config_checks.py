@@ -1,12 +1,17 @@
 """The checks across settings that each setting's own declaration cannot make (a decoder's library, an optimizer
-that needs timm, sizes that contradict each other), each refused in one line naming the flags."""
+that needs timm, sizes that contradict each other), each refused in one line naming the flags; and the planner's
+pre-flight verdict on the settings with the data's shard sizes and the world (`preflight_check`)."""
 
 from __future__ import annotations
 
-from imagenet_train.choices import AUTO_WARMUP, Decoder, Loss, Mode, Opt, WarmupMethod
+import logging
+
+from imagenet_train.choices import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, Decoder, Loss, Mode, Opt, WarmupMethod
 from imagenet_train.config import Config, DataConfig
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.planning.schedule import MOMENTUM_OPTS, TIMM_OPTS
+from imagenet_train.planning import plan
+
+log = logging.getLogger(__name__)
 
 
 def checked(cfg: Config) -> Config:
@@ -61,7 +66,7 @@ def _check_optimizer(cfg: Config) -> None:
     if optim.nesterov and not optim.momentum:
         raise ImagenetTrainError("--nesterov: needs a momentum; expected --momentum above 0")
     if opt not in MOMENTUM_OPTS and cfg.data.mode != Mode.RESAMPLED:
-        # After Join only the momentum buffers are copied from a rank that ran every step (replicas.py).
+        # After Join only the momentum buffers are copied from a rank that ran every step (hooks.sync_optimizer_state).
         raise ImagenetTrainError(
             f"--opt {opt}: --mode {cfg.data.mode} keeps replicas in step for SGD and LARS momentum only; "
             "expected --mode resampled (or --opt sgd or lars)"
@@ -113,3 +118,19 @@ def _check_resolution(data: DataConfig) -> None:
             "--random-erase: not available with --decoder dali (DALI has no RandomErasing); "
             "use another --decoder or --random-erase 0"
         )
+
+
+def preflight_check(
+    cfg: Config, train_sizes: list[int] | None, world: int, warn: bool = False
+) -> plan.Assessment | None:
+    """The planner's verdict on `world` ranks training `cfg`; raises if they would hang (unless --force), and
+    with `warn` logs any other verdict but OK (every rank reaches the same verdict from the same inputs)."""
+    if train_sizes is None:
+        return None
+    setup = plan.Setup.of(cfg.data, cfg.run.seed, train_sizes, gpus_per_node=world)
+    assessment = plan.assess(setup)
+    if assessment.hangs and not cfg.run.force:
+        raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
+    if warn and assessment.level is not plan.Verdict.OK:
+        log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
+    return assessment

@@ -165,7 +165,7 @@ def test_the_settings_import_nothing_above_the_ground_floor(name):
 
 
 # Parameter names that hold a run's settings or a section of them; typed `Any`, a reader cannot follow them to
-# config.py. training/ is exempt while its modules move (issue 36).
+# config.py.
 CONFIG_PARAMETERS = {"cfg", "config", "data", "optim", "run", "optim_cfg", "setup", "section"}
 
 
@@ -252,7 +252,7 @@ MAX_LINES = 400
 # The loop and the epoch stream read top to bottom: the loop's extras are hooks, the stream's stages are stages.
 SHORTER = {"training/loop.py": 280, "loading/stream.py": 300}
 # config.py is one declaration per setting (the house rule: every setting is declared there once), so it grows
-# with the settings, not with what it does (its split into a settings package by section is issue #36).
+# with the settings, not with what it does.
 LONGER = {"config.py": 540}
 
 

@@ -1,2 +1,2 @@
 """The input pipeline: shard stages and loaders (resampled, split, queue), transforms and
-decoders (simplejpeg, fused, DALI), device prefetch, the planner's simulation."""
+decoders (simplejpeg, fused, DALI), batches on the device, the planner's simulation."""

@@ -1,2 +1,2 @@
 """Pure arithmetic, no torch and no I/O: shard partition and the planner's verdicts, epoch
-lengths and the LR schedule, the mid-epoch resume position."""
+lengths, the LR schedule and its advice, the mid-epoch resume position."""

@@ -1,7 +1,7 @@
 """Where training stands inside an epoch, so a run killed mid-epoch resumes without repeating or
 skipping a sample.
 
-Each rank logs the batches it fetches, one segment per start of the epoch (rundir/key_log.py): a run
+Each rank logs the batches it fetches, one segment per start of the epoch (rundir/directory.py): a run
 resumed at step S of an epoch starts a new segment at S. A checkpoint taken at step S counts as consumed
 exactly the batches of each segment whose index lies before the next segment's start (or S), on every
 rank: no collective is needed, so ranks that already left a Join are counted too.

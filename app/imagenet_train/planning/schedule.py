@@ -19,10 +19,6 @@ GOYAL_WARMUP_EPOCHS = 5.0
 SMALL_BATCH_WARMUP_EPOCHS = 1.0
 
 
-MOMENTUM_OPTS = (Opt.SGD, Opt.LARS)  # the ones --momentum and --nesterov apply to
-TIMM_OPTS = (Opt.LAMB, Opt.LARS)  # the ones that need the [timm] extra
-
-
 LR_BASE_BATCH = 256  # the global batch --lr is given for (timm's --lr-base-size, Goyal et al.'s 256)
 SQRT_SCALED_OPTS = (Opt.ADAMW, Opt.LAMB)  # timm's train.py: 'ada' and 'lamb' optimizers scale by the square root
 

@@ -1,2 +1,3 @@
-"""The run directory's files: checkpoints, config.json and metrics.jsonl, TensorBoard events, the position key
-logs, and their mirror in a bucket. Used by training/ and the commands; imports nothing of training/."""
+"""The run directory's files: the directory as the loop uses it (RunDirectory) with the position key logs,
+checkpoints, config.json and metrics.jsonl, TensorBoard events, MLflow and W&B, and their mirror in a bucket. Used
+by training/ and the commands; imports nothing of training/."""

@@ -1,2 +1,2 @@
-"""The DDP loop and what it needs: the step, evaluation, the per-step hooks, distributed set-up,
-pre-emption, trackers."""
+"""The DDP loop and what it needs: the training step (model, optimizer, loss, mixing, EMA), evaluation, the
+per-step hooks with the pre-emption vote, progress, distributed set-up."""

@@ -1,31 +1,32 @@
 """Validation: loss, top-1 and top-k (and, when asked, per-class counts) over every rank's share of the val
 shards, summed on the device and reduced once at the end (no host sync per batch); with test-time flip, the
-logits of each image and its mirror image averaged."""
+logits of each image and its mirror image averaged. Also the run's final weights (raw or EMA, the better top-1:
+`write_final`) and `imagenet-train evaluate`'s scoring of a weights file or checkpoint (`evaluate_weights`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from imagenet_train.choices import Mode
 from imagenet_train.config import Config
+from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.loading.batches import RunBatches
 from imagenet_train.loading.device import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.rundir import checkpoint
-from imagenet_train.training.dist import DistInfo, all_sum
+from imagenet_train.training.dist import DistInfo, all_sum, cleanup, init_distributed
 from imagenet_train.training.hooks import unsaved_on_stop, write_keys
+from imagenet_train.training.models import architecture
 from imagenet_train.training.progress import DataWait
-from imagenet_train.training.step import FINAL, PREFIX, ema_scores
+from imagenet_train.training.step import PREFIX, ModelEma, amp_dtype, ema_scores
 
-if TYPE_CHECKING:
-    from imagenet_train.loading.batches import RunBatches
-    from imagenet_train.training.step import ModelEma
+FINAL = "final.pt"  # RUN_DIR/final.pt: the final weights as a plain state dict
 
 
 def take_rank0_buffers(model: torch.nn.Module, info: DistInfo) -> None:
@@ -147,14 +148,9 @@ def evaluate_weights(cfg: Config, path: str | Path, use_ema: bool = False) -> tu
     """`imagenet-train evaluate`: a weights file or checkpoint (its EMA with `use_ema`) scored on the val shards
     of `cfg` (the run's Config) by every rank of the launch, each sample once; the record (every rank's) and
     this rank."""
-    from imagenet_train.datasets.source import run_source
-    from imagenet_train.loading.batches import RunBatches
-    from imagenet_train.rundir.checkpoint import load_weights
-    from imagenet_train.training.dist import cleanup, init_distributed
-    from imagenet_train.training.models import architecture
-    from imagenet_train.training.step import amp_dtype
-
-    weights = ema_weights(path) if use_ema else load_weights(path)  # a bad file fails before any process group
+    weights = (
+        ema_weights(path) if use_ema else checkpoint.load_weights(path)
+    )  # a bad file fails before any process group
     source = run_source(cfg.data)
     if not source.val_urls:
         raise ImagenetTrainError("evaluate: no val shards; expected an index with a val split (or --val-urls)")

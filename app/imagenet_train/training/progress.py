@@ -249,8 +249,6 @@ class EpochTally:
         }
 
 
-log = logging.getLogger(__name__)
-
 PERIOD_S = 5.0  # Kubeflow's own SDK posts at most this often
 FINAL_WAIT_S = TIMEOUT_S + 1.0  # the run's end waits this long at most for its 100% to be posted
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 from imagenet_train import waiting
 from imagenet_train.config import Config
-from imagenet_train.config_checks import checked
+from imagenet_train.config_checks import checked, preflight_check
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
-from imagenet_train.planning import plan
 from imagenet_train.rundir.trackers import check_installed
 from imagenet_train.training.dist import DistInfo, cleanup, init_distributed, is_peer_lost, peer_lost_reason
 from imagenet_train.training.hooks import StopRequest
@@ -92,19 +91,3 @@ def _left_unsaved(info: DistInfo, signum: int, where: str, reason: str) -> Preem
         flush=True,
     )
     return Preempted(signum)
-
-
-def preflight_check(
-    cfg: Config, train_sizes: list[int] | None, world: int, warn: bool = False
-) -> plan.Assessment | None:
-    """The planner's verdict on `world` ranks training `cfg`; raises if they would hang (unless --force), and
-    with `warn` logs any other verdict but OK (every rank reaches the same verdict from the same inputs)."""
-    if train_sizes is None:
-        return None
-    setup = plan.Setup.of(cfg.data, cfg.run.seed, train_sizes, gpus_per_node=world)
-    assessment = plan.assess(setup)
-    if assessment.hangs and not cfg.run.force:
-        raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
-    if warn and assessment.level is not plan.Verdict.OK:
-        log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
-    return assessment

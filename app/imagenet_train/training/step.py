@@ -30,8 +30,10 @@ from imagenet_train.training import models
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.hooks import StepHook
 
+log = logging.getLogger(__name__)
+
+COMPILE_BACKEND: str | Callable = "inductor"  # torch.compile's backend for --compile (tests count with others)
 PREFIX = "ema_"  # of the EMA's evaluation keys in the epoch record: ema_top1, ema_top5, ema_val_loss
-FINAL = "final.pt"  # RUN_DIR/final.pt: the final weights as a plain state dict
 
 
 def update_decay(decay: float, optimizer_batch: int, every: int, epochs: float) -> float:
@@ -88,8 +90,7 @@ class ModelEma(StepHook):
 def run_ema(model: torch.nn.Module, optim: OptimConfig, schedule: Schedule) -> ModelEma | None:
     """A run's EMA under --model-ema (None without): the decay per update adjusted for the run's optimizer batch and
     length in data epochs (not loop epochs: --epoch-batches and --total-samples change those), copying during the
-    LR warmup (its steps as Schedule.lr counts them). `optim` is config's OptimConfig,
-    `schedule` the run's planning Schedule."""
+    LR warmup (its steps as Schedule.lr counts them)."""
     if not optim.model_ema:
         return None
     decay = update_decay(optim.model_ema_decay, schedule.optimizer_batch, optim.model_ema_steps, schedule.data_epochs)
@@ -99,11 +100,6 @@ def run_ema(model: torch.nn.Module, optim: OptimConfig, schedule: Schedule) -> M
 def ema_scores(record: dict) -> dict:
     """An evaluation record's scores under the EMA's keys (ema_top1, ema_top5, ema_val_loss)."""
     return {PREFIX + key: value for key, value in record.items() if key == "val_loss" or key.startswith("top")}
-
-
-log = logging.getLogger(__name__)
-
-COMPILE_BACKEND: str | Callable = "inductor"  # torch.compile's backend for --compile (tests count with others)
 
 
 def amp_dtype(mode: Amp | str, device: torch.device) -> torch.dtype | None:
@@ -246,7 +242,7 @@ class TrainStep:
 
 
 def build_criterion(optim_cfg: OptimConfig) -> torch.nn.Module:
-    """The --loss criterion with --label-smoothing (and --bce-target-threshold); OptimConfig is read by name."""
+    """The --loss criterion with --label-smoothing (and --bce-target-threshold)."""
     if Loss(optim_cfg.loss) is Loss.CE:
         return torch.nn.CrossEntropyLoss(label_smoothing=optim_cfg.label_smoothing)
     require_timm("--loss bce")
@@ -324,7 +320,7 @@ def parameter_groups(model: torch.nn.Module, decays: Decays | float) -> list[dic
 
 
 def build_optimizer(optim_cfg: OptimConfig, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    """The --opt optimizer over `model`'s parameters at `lr` (the run's OptimConfig is read by name)."""
+    """The --opt optimizer over `model`'s parameters at `lr`."""
     opt = Opt(optim_cfg.opt)
     groups = parameter_groups(model, Decays.of(optim_cfg))
     if opt is Opt.SGD:
