@@ -19,8 +19,12 @@ from imagenet_train.errors import ImagenetTrainError
 
 from conftest import REPO, jpeg_bytes
 
-# The demo's recipe (tools/demo.py): recipes/small-images.yaml at 32 per process, as `make demo` runs it on 2.
-DEMO_TRAIN = ["--config", str(REPO / "recipes" / "small-images.yaml"), "--global-batch-size", "0", "--batch-size", "32"]
+# The demo's recipe without flips, as `make demo` (tools/demo.py) runs it on 2, at 32 per process and in resampled
+# mode: the recipe's queue mode gives ranks uneven batch counts, which Lightning refuses (the one-line test below).
+DEMO_TRAIN = [
+    *("--config", str(REPO / "recipes" / "small-images.yaml"), "--global-batch-size", "0", "--batch-size", "32"),
+    *("--no-hflip", "--mode", "resampled"),
+]
 
 
 @pytest.mark.launchers
@@ -44,7 +48,8 @@ def test_lightning_ddp_trains_the_digits_into_the_demo_accuracy_band(shard_serve
     final = json.loads(stdout.strip().splitlines()[-1])
     print(f"lightning: top-1 {final['top1']:.4f} after 8 epochs")
     assert final["epoch"] == 7 and final["val_samples"] == 359  # every val sample once over both ranks
-    assert final["top1"] >= 0.95  # make demo: 98.3% after 12 epochs of the same recipe
+    # Measured 0.9889 here in resampled mode (2026-11-26, load 3-6); make demo (queue mode): 0.9944 after 12 epochs.
+    assert final["top1"] >= 0.95
 
 
 @pytest.mark.parametrize("mode", ["split", "queue"])
@@ -57,6 +62,21 @@ def test_uneven_modes_are_refused_under_lightning_naming_what_works(digit_shards
         f"--mode {mode}: cannot run under Lightning (its uneven batches per rank need Join, which Lightning's loop "
         f"does not run); use --mode resampled with Lightning, or `imagenet-train train` for --mode {mode}"
     )
+
+
+def test_the_example_with_a_queue_mode_recipe_is_one_line_naming_the_fix(digit_shards):
+    script = str(REPO / "examples" / "lightning_digits.py")
+    recipe = str(REPO / "recipes" / "small-images.yaml")
+    result = subprocess.run(
+        [sys.executable, script, "--shards", str(digit_shards), "--config", recipe],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "lightning_digits: error: --mode queue: cannot run under Lightning (its uneven batches per rank need Join, "
+        "which Lightning's loop does not run); use --mode resampled with Lightning, or `imagenet-train train` for "
+        "--mode queue"
+    ]
 
 
 def test_recipe_settings_lightning_does_not_apply_are_refused_not_ignored(digit_shards):

@@ -303,8 +303,24 @@ def test_ctrl_c_stops_every_host_and_leaves_no_training_process(two_hosts, shard
     output = (tmp_path / "out.txt").read_text()
     assert "imagenet-train ssh: SIGINT: stopping every host" in output
     assert code == 128 + signal.SIGTERM, output[-4000:]  # every host stopped as a pre-emption
-    assert re.search(r"\| stopped by SIGTERM at epoch \d+ step \d+: checkpoint .*epoch-\d{4}-step-\d{6}\.pt", output)
-    assert list((run_dir / "checkpoints").glob("epoch-*-step-*.pt"))
+    assert re.search(r"\| imagenet-train launch: stopped by SIGTERM; the ranks' lines above say where", output)
+    # Two outcomes, both as docs/faults.md ("A stop signal during a wait") says: the ranks stop together (at a step's
+    # vote, or both waiting for the same next batch) and rank 0 saves the position; or the signal finds one rank
+    # waiting for its next batch while the other, whose batch came, is inside the step's collective waiting for it,
+    # and each leaves without a checkpoint saying why. (make launchers met the second once; 13 runs alone met the
+    # first; pausing rank 0's loader processes just before the signal gives the second every time.)
+    saved = re.search(
+        r"\| stopped by SIGTERM at epoch \d+ step \d+: checkpoint (\S+epoch-\d{4}-step-\d{6}\.pt);", output
+    )
+    unsaved = re.findall(r"\| rank (\d): stopped by SIGTERM while ([a-z ]+): exiting without a checkpoint", output)
+    if saved:
+        assert Path(saved[1]).is_file() and unsaved == [], output[-4000:]
+    else:
+        assert sorted(unsaved, key=lambda line: line[1]) in (
+            [("0", "in a collective"), ("1", "waiting for the next batch")],
+            [("1", "in a collective"), ("0", "waiting for the next batch")],
+        ), output[-4000:]
+        assert not list(run_dir.glob("checkpoints/*.pt"))
     assert _tagged(tag) == []
 
 

@@ -238,7 +238,7 @@ def run(program: list[str], nproc: str | None = None, dry_run: bool = False, gra
     """Print the torchrun command for this environment, then run torchrun in this process.
 
     In-process rather than exec: a signal that stops the job (SIGTERM from the kubelet, SIGUSR1 from
-    Slurm) ends in exit code 128 + N after the ranks saved their position, instead of a traceback.
+    Slurm) ends in exit code 128 + N after the ranks stopped (each saying what it saved), instead of a traceback.
     """
     launch = resolve(os.environ, nproc)
     argv = command(launch, program or ["train", "--help"], torchrun_options(grace_period))
@@ -261,7 +261,12 @@ def run(program: list[str], nproc: str | None = None, dry_run: bool = False, gra
         torchrun(argv[3:])
     except SignalException as stop:
         name = signal.Signals(stop.sigval).name
-        print(f"imagenet-train launch: stopped by {name}; the ranks saved their position", flush=True)
+        # Not "saved": a rank stopped in its wait for a batch while a peer was in a collective leaves without.
+        print(
+            f"imagenet-train launch: stopped by {name}; the ranks' lines above say where they saved their position, "
+            "or why they could not",
+            flush=True,
+        )
         return 128 + int(stop.sigval)
     except ChildFailedError as failed:
         return _exit_code(failed.failures)
