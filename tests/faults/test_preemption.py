@@ -34,6 +34,7 @@ from .runs import (
     wall_lost,
 )
 
+BATCH = 16  # CHECKPOINTING_TRAIN's --batch-size, per rank
 STOPPED = re.compile(r"stopped by SIGTERM at epoch 0 step (\d+): checkpoint (\S+); continue with --resume latest")
 
 
@@ -48,8 +49,9 @@ def sigterm_then_resume(shards, tmp_path, mode: str, record, baselines) -> None:
         code = first.wait(timeout=200)
         text = first.output()
         stopped = STOPPED.search(text)
-        # Looked at now: the finished epoch's checkpoint supersedes (prunes) the mid-epoch one.
+        # Looked at now: the finished epoch's checkpoint supersedes (prunes) the mid-epoch ones.
         saved = stopped is not None and step_checkpoint(run_dir, int(stopped.group(1))).exists()
+        newest = max(int(path.stem[-6:]) for path in run_dir.glob("checkpoints/epoch-0000-step-*.pt"))
         resumed = run_to_end([*full, "--resume", "latest"], tmp_path / "second.log", 400, launch=True) if code else None
     keys = logged_train_keys(run_dir)
     everything = train_keys(shards)
@@ -73,15 +75,28 @@ def sigterm_then_resume(shards, tmp_path, mode: str, record, baselines) -> None:
     )
     assert code == 128 + signal.SIGTERM, f"expected exit 143 after SIGTERM, got {code}:\n{text[-4000:]}"
     assert not traceback_in(text), text[-4000:]
-    assert stopped, f"no 'stopped by SIGTERM ...' line:\n{text[-3000:]}"
-    step = int(stopped.group(1))
-    assert step >= 4 and saved, f"no checkpoint of step {step} after the stop"
+    # Two outcomes, both as docs/faults.md ("A stop signal during a wait") says: the ranks stop together and rank 0
+    # saves the step's position; or the signal finds one rank waiting for its next batch while the other, whose
+    # batch came, is inside the step's collective, and each leaves without a checkpoint saying why. The resume then
+    # starts at the newest step checkpoint and trains again what was read after it: at most one batch per rank.
+    # (make faults met the second once, in queue mode, at 5ae6be9; every earlier run met the first.)
+    unsaved = re.findall(r"rank (\d): stopped by SIGTERM while ([a-z ]+): exiting without a checkpoint", text)
+    if stopped:
+        step = int(stopped.group(1))
+        assert step >= 4 and saved and unsaved == [], f"no checkpoint of step {step} after the stop:\n{text[-3000:]}"
+    else:
+        assert sorted(unsaved, key=lambda line: line[1]) in (
+            [("0", "in a collective"), ("1", "waiting for the next batch")],
+            [("1", "in a collective"), ("0", "waiting for the next batch")],
+        ), f"neither a 'stopped by SIGTERM at ...' line nor the two ranks' lines without one:\n{text[-3000:]}"
+        step = newest
     assert second == 0, resumed.output()[-4000:]
     assert f"continuing at epoch 0, step {step}" in resumed.output()
     assert metrics(run_dir)[-1]["resumed_from_step"] == step
     assert accounting.lost == 0 and accounting.unexpected == 0, accounting
-    if mode != "resampled":  # the exact modes: every sample once over both parts
-        assert accounting.repeated == 0 and accounting.seen == len(everything), accounting
+    if mode != "resampled":  # the exact modes: every sample once over both parts, but what the unsaved stop reread
+        assert accounting.repeated <= (0 if stopped else 2 * BATCH), accounting
+        assert accounting.seen == len(everything), accounting
 
 
 @pytest.mark.timeout(900)
