@@ -112,7 +112,7 @@ test: venv system-deps image-deps k8s-tools
 # Needs root for the tmpfs and network-namespace faults (they skip, saying so, otherwise).
 FAULTS_REPORT ?= $(CURDIR)/.faults/report.jsonl
 faults: venv system-deps
-	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
+	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT) $(FAULTS_REPORT:.jsonl=.baselines.json)  # clean runs of this code, not of the last make faults
 	rev=$$(git describe --always --dirty); start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
 	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --revision "$$rev" --findings tests/faults/findings.md --out docs/reliability.md; \
 	  $(BIN)/python -m pytest -q -m slow tests/integration/test_resume.py tests/integration/test_trackers.py || status=1; \
