@@ -1,17 +1,13 @@
-"""The checks across settings that each setting's own declaration cannot make (a decoder's library, an optimizer
-that needs timm, sizes that contradict each other), each refused in one line naming the flags; and the planner's
-pre-flight verdict on the settings with the data's shard sizes and the world (`preflight_check`)."""
+"""The checks across settings that each setting's own declaration cannot make (a decoder's or a tracker's library,
+an optimizer that needs timm, sizes that contradict each other), each refused in one line naming the flags. The
+planner's verdict with the data's shard sizes and the world is planning/plan.py's (`preflight_check`)."""
 
 from __future__ import annotations
-
-import logging
 
 from imagenet_train.choices import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, Decoder, Loss, Mode, Opt, WarmupMethod
 from imagenet_train.config import Config, DataConfig
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.planning import plan
-
-log = logging.getLogger(__name__)
+from imagenet_train.rundir.trackers import check_installed
 
 
 def checked(cfg: Config) -> Config:
@@ -51,6 +47,7 @@ def check_combinations(cfg: Config) -> None:
             f"--loader-timeout: {data.loader_timeout:g} s would give up before --io-timeout {data.io_timeout:g} s "
             "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
         )
+    check_installed(cfg.run.tracker)
 
 
 def _check_optimizer(cfg: Config) -> None:
@@ -118,19 +115,3 @@ def _check_resolution(data: DataConfig) -> None:
             "--random-erase: not available with --decoder dali (DALI has no RandomErasing); "
             "use another --decoder or --random-erase 0"
         )
-
-
-def preflight_check(
-    cfg: Config, train_sizes: list[int] | None, world: int, warn: bool = False
-) -> plan.Assessment | None:
-    """The planner's verdict on `world` ranks training `cfg`; raises if they would hang (unless --force), and
-    with `warn` logs any other verdict but OK (every rank reaches the same verdict from the same inputs)."""
-    if train_sizes is None:
-        return None
-    setup = plan.Setup.of(cfg.data, cfg.run.seed, train_sizes, gpus_per_node=world)
-    assessment = plan.assess(setup)
-    if assessment.hangs and not cfg.run.force:
-        raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
-    if warn and assessment.level is not plan.Verdict.OK:
-        log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
-    return assessment

@@ -165,7 +165,8 @@ def http_opener(
 
 def socket_timeout(io_timeout: float) -> float:
     """A connection's inactivity timeout: the stall window, and never past the caller's deadline (probe --wait)."""
-    return max(0.5, waiting.left(stall_window(io_timeout)))
+    window = stall_window(io_timeout)
+    return max(0.5, waiting.left(window))
 
 
 def open_stream(location: str, io_timeout: float = IO_TIMEOUT) -> BinaryIO:

@@ -22,12 +22,13 @@ import lightning
 
 from imagenet_train.choices import Mode
 from imagenet_train.config import Config
-from imagenet_train.config_checks import checked, preflight_check
+from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.batches import seed_augmentation, train_loader, val_loader
 from imagenet_train.loading.device import normalize
 from imagenet_train.loading.stream import EpochLoader
+from imagenet_train.planning.plan import preflight_check
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import models
 from imagenet_train.training.evaluation import Totals

@@ -39,8 +39,9 @@ def world_size(options: RayOptions, cluster_gpus: int) -> tuple[int, bool]:
 
 def run(cfg: Config, options: RayOptions) -> dict:
     """Train `cfg` on the Ray cluster; returns the last epoch's metrics."""
-    from imagenet_train.config_checks import checked, preflight_check
+    from imagenet_train.config_checks import checked
     from imagenet_train.datasets.source import run_source
+    from imagenet_train.planning.plan import preflight_check
 
     checked(cfg)
     # Bad shards or a hanging layout fail here, once, instead of in every worker on every restart.

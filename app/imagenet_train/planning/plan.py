@@ -1,7 +1,9 @@
-"""Epoch, shard and batch arithmetic shared by the loaders, the loop and the planner. No torch, no I/O."""
+"""Epoch, shard and batch arithmetic shared by the loaders, the loop and the planner, and the planner's pre-flight
+verdict on a run. No torch, no I/O."""
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Sequence
@@ -11,6 +13,8 @@ from typing import Any, Protocol
 
 from imagenet_train.choices import BATCH_SIZE, EPOCH_BATCHES, REPEAT, SEED, WORKERS, Mode
 from imagenet_train.errors import ImagenetTrainError
+
+log = logging.getLogger(__name__)
 
 
 class Verdict(str, Enum):
@@ -217,6 +221,35 @@ def assess(setup: Setup) -> Assessment:
     if setup.epoch_batches:
         return _assess_cut_split(setup, ranks, sum(setup.shard_sizes), notes)
     return _assess_split(setup, ranks, notes)
+
+
+class RunChoices(Protocol):
+    """What the verdict reads of a run's settings (config.RunConfig)."""
+
+    seed: int
+    force: bool
+
+
+class PlannedSettings(Protocol):
+    """A run's settings as the verdict reads them (config.Config): planning/ never imports config."""
+
+    data: LoaderSettings
+    run: RunChoices
+
+
+def preflight_check(
+    cfg: PlannedSettings, train_sizes: Sequence[int] | None, world: int, warn: bool = False
+) -> Assessment | None:
+    """The planner's verdict on `world` ranks training `cfg`; raises if they would hang (unless --force), and
+    with `warn` logs any other verdict but OK (every rank reaches the same verdict from the same inputs)."""
+    if train_sizes is None:
+        return None
+    assessment = assess(Setup.of(cfg.data, cfg.run.seed, train_sizes, gpus_per_node=world))
+    if assessment.hangs and not cfg.run.force:
+        raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
+    if warn and assessment.level is not Verdict.OK:
+        log.warning("pre-flight: %s; suggested fix: %s", assessment.verdict, assessment.fix)
+    return assessment
 
 
 def _assess_resampled(setup: Setup, ranks: list[RankPlan]) -> Assessment:

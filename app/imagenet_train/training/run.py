@@ -10,10 +10,10 @@ from pathlib import Path
 
 from imagenet_train import waiting
 from imagenet_train.config import Config
-from imagenet_train.config_checks import checked, preflight_check
+from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
-from imagenet_train.rundir.trackers import check_installed
+from imagenet_train.planning.plan import preflight_check
 from imagenet_train.training.dist import DistInfo, cleanup, init_distributed, is_peer_lost, peer_lost_reason
 from imagenet_train.training.hooks import StopRequest
 from imagenet_train.training.loop import Trainer
@@ -27,7 +27,6 @@ def train(cfg: Config) -> dict:
     Raises Preempted after a clean stop on SIGTERM/SIGUSR1 (the CLI exits with 128 + the signal).
     """
     checked(cfg)
-    check_installed(cfg.run.tracker)  # every rank, before the process group: one line, exit 2
     request = StopRequest()
     request.install()  # before the first collective: a signal during start-up is noted, not fatal
     info = init_distributed()
