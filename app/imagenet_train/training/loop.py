@@ -69,6 +69,7 @@ class Trainer:
         if self.ema:
             self.state.add("ema", self.ema)
         self.start_epoch, self.position = 0, None  # position: set when resuming inside an epoch
+        self.consumed: frozenset[str] = frozenset()  # exact modes, resuming inside an epoch: the keys it read
         self.stop_position: Position | None = None  # where a pre-emption stopped the epoch
         self.stop_signal = 0
         self.progress = progress.RunProgress.of(self.schedule, info.is_main)  # the TrainJob's status (rank 0)
@@ -89,6 +90,8 @@ class Trainer:
                 log.warning("no checkpoint in %s; starting from epoch 0", self.run_dir)
             return
         self.start_epoch, self.position = self.state.restore(path)
+        if self.exact and self.position and self.position.step:  # the samples the resumed epoch already read
+            self.consumed = self.dir.consumed_keys(self.position)
         if self.records:
             self.records.keep_before(self.start_epoch)  # the epochs from here are trained again
             where = f", step {self.position.step}" if self.position else ""
@@ -111,8 +114,8 @@ class Trainer:
         """Point the loader at this epoch, or at what is left of it when resuming inside it."""
         info = self.info
         start = self.schedule.start(self.position, epoch)
-        self.position = None
-        skip = self.dir.consumed_keys(start.resumed_from) if start.skip_consumed else frozenset()
+        skip = self.consumed if start.skip_consumed else frozenset()
+        self.position, self.consumed = None, frozenset()
         self.batches.train.start_epoch(epoch, skip_keys=skip, resume_tag=start.resume_tag, batches=start.batches)
         saved = start.resumed_from
         if start.world_changed and info.is_main:
@@ -156,8 +159,8 @@ class Trainer:
 
     def train_one_epoch(self, epoch: int) -> dict:
         """Train one epoch (or what is left of it); returns its record, identical on every rank."""
-        info, steps, loader = self.info, self.schedule.epoch_batches(epoch), self.batches.train
         position = self._prepare_epoch(epoch)
+        info, steps, loader = self.info, self.schedule.epoch_batches(epoch), self.batches.train
         hooks, stopped = self._hooks(epoch, steps, position), False
         vote = hooks[-1]  # the StopVote: _hooks puts it last
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
@@ -177,9 +180,8 @@ class Trainer:
                     for hook in hooks:
                         hook.before_step(tally.step, keys)
                     tally.lr = self.schedule.lr(epoch, tally.step, steps)
-                    self.step.set_lr(tally.lr)
                     group = self.schedule.accumulation(tally.step, steps)
-                    tally.add(self.step(images, labels, group), len(labels))
+                    tally.add(self.step(images, labels, group, tally.lr), len(labels))
                     bar.update()
                     if any([hook.after_step(tally.step) for hook in hooks]):  # a list: every hook runs every step
                         stopped = True

@@ -210,14 +210,15 @@ class TrainStep:
         self.device = device
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
 
-    def set_lr(self, lr: float) -> None:
-        """Set every parameter group's learning rate."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, group: Accumulation = ONE_STEP) -> torch.Tensor:
-        """One optimisation step on a uint8 batch, or one part of a gradient-accumulation `group` (the weights
-        change after its last part); returns the loss (on the device, float64, detached)."""
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, group: Accumulation = ONE_STEP, lr: float | None = None
+    ) -> torch.Tensor:
+        """One optimisation step on a uint8 batch at learning rate `lr` (every parameter group's; None keeps it),
+        or one part of a gradient-accumulation `group` (the weights change after its last part); returns the loss
+        (on the device, float64, detached)."""
+        if lr is not None:
+            for param_group in self.optimizer.param_groups:
+                param_group["lr"] = lr
         if len(labels) == 1:  # a worker's only sample (damaged data): BatchNorm cannot train on a batch of one
             images, labels = images.expand(2, *images.shape[1:]), labels.expand(2)
         images = normalize(images.to(self.device, non_blocking=True), self.channels_last)
