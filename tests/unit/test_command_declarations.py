@@ -15,9 +15,10 @@ import pytest
 
 from imagenet_train import cli
 from imagenet_train.commands import Parser
-from imagenet_train.commands.shards_cmd import ImageCheck
-from imagenet_train.datasets.images import VERIFY
+from imagenet_train.datasets.convert import ShardOptions, convert
+from imagenet_train.datasets.images import ImageCheck
 from imagenet_train.declarations import add_options, option, positional
+from imagenet_train.errors import ImagenetTrainError
 
 from conftest import REPO
 
@@ -95,8 +96,12 @@ def test_a_bad_value_of_a_declared_option_exits_2_with_one_line_naming_it(argv, 
     assert err == f"imagenet-train: error: {message}\n"
 
 
-def test_the_image_check_words_are_the_ones_the_converter_takes():
-    assert tuple(member.value for member in ImageCheck) == VERIFY
+def test_the_converter_refuses_an_image_check_word_that_the_shards_command_does_not_offer(tmp_path):
+    with pytest.raises(ImagenetTrainError) as refused:
+        convert(str(tmp_path), str(tmp_path / "out"), ShardOptions(verify="sometimes"))
+    words = ", ".join(check.value for check in ImageCheck)
+    assert str(refused.value) == f"--verify: expected one of {words}, got 'sometimes'"
+    assert words == "full, header"
 
 
 class Colour(str, Enum):

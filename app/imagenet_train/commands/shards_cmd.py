@@ -6,19 +6,12 @@ import argparse
 import json
 import os
 from dataclasses import dataclass
-from enum import Enum
 
 from imagenet_train.commands import Command, training
 from imagenet_train.config import MAX_IMAGE_PIXELS
 from imagenet_train.datasets.fashion_mnist import DEBIAN_SOURCE, ValFrom
+from imagenet_train.datasets.images import ImageCheck
 from imagenet_train.declarations import option, positional
-
-
-class ImageCheck(str, Enum):
-    """How `shards` checks each image (the --verify word; datasets/images.py's VERIFY)."""
-
-    FULL = "full"  # decode every image: catches any corruption
-    HEADER = "header"  # the header and the end marker: I/O speed
 
 
 @dataclass

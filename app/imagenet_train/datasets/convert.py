@@ -33,7 +33,7 @@ class ShardOptions:
     seed: int = 0
     resize: int | None = None
     quality: int = 90
-    verify: str = "full"  # images.VERIFY: "full" decodes every image, "header" checks header and end marker
+    verify: str = "full"  # images.ImageCheck: "full" decodes every image, "header" checks header and end marker
     max_pixels: int = MAX_IMAGE_PIXELS  # larger images are skipped (and listed) from their header
 
 
@@ -201,8 +201,9 @@ def convert(
     """Convert the dataset at `source` into shards and `shards.json` in `output`; resumes finished work."""
     if options.maxcount < 1 or options.maxsize < 1 or options.workers < 1:
         raise ImagenetTrainError("--maxcount, --maxsize and --workers must be positive")
-    if options.verify not in images.VERIFY:
-        raise ImagenetTrainError(f"--verify: expected one of {', '.join(images.VERIFY)}, got '{options.verify}'")
+    words = [check.value for check in images.ImageCheck]
+    if options.verify not in words:
+        raise ImagenetTrainError(f"--verify: expected one of {', '.join(words)}, got '{options.verify}'")
     dataset = discover(source, val_labels, follow_symlinks)
     os.makedirs(output, exist_ok=True)
     class_index = {wnid: i for i, wnid in enumerate(dataset.classes)}

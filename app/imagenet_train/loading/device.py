@@ -7,6 +7,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from imagenet_train.loading.batching import Batch
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -34,9 +36,6 @@ def normalize(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor
         mean, std = normalize_constants(images.device)
         images = images.float().sub_(mean).div_(std)
     return images.contiguous(memory_format=torch.channels_last) if channels_last else images
-
-
-Batch = tuple[torch.Tensor, torch.Tensor, list]
 
 
 def device_batches(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:

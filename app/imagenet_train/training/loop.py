@@ -60,14 +60,8 @@ class Trainer:
         facts = {"schedule": self.schedule.facts(), "config": json.loads(cfg.to_json())}
         parts = {"model": self.model, "optimizer": self.step.optimizer, "scaler": self.step.scaler}
         self.dir = RunDirectory(run, data.io_timeout, info.local_rank, info.is_main, parts, facts)
-        self.run_dir, self.state, self.mirror, self.records = (
-            self.dir.path,
-            self.dir.state,
-            self.dir.mirror,
-            self.dir.records,
-        )
         if self.ema:
-            self.state.add("ema", self.ema)
+            self.dir.state.add("ema", self.ema)
         self.start_epoch, self.position = 0, None  # position: set when resuming inside an epoch
         self.consumed: frozenset[str] = frozenset()  # exact modes, resuming inside an epoch: the keys it read
         self.stop_position: Position | None = None  # where a pre-emption stopped the epoch
@@ -81,19 +75,19 @@ class Trainer:
         if not run.resume:
             return
         if run.resume == "latest" and run.results:
-            self.mirror.fetch_for_resume(info.is_main)
+            self.dir.mirror.fetch_for_resume(info.is_main)
             if info.enabled:
                 dist.barrier()  # every node's local rank 0 has fetched before any rank looks for the checkpoint
         path = self.dir.checkpoint_for(run.resume, info.rank, info.world)
         if path is None:
             if info.is_main:
-                log.warning("no checkpoint in %s; starting from epoch 0", self.run_dir)
+                log.warning("no checkpoint in %s; starting from epoch 0", self.dir.path)
             return
-        self.start_epoch, self.position = self.state.restore(path)
+        self.start_epoch, self.position = self.dir.state.restore(path)
         if self.exact and self.position and self.position.step:  # the samples the resumed epoch already read
             self.consumed = self.dir.consumed_keys(self.position)
-        if self.records:
-            self.records.keep_before(self.start_epoch)  # the epochs from here are trained again
+        if self.dir.records:
+            self.dir.records.keep_before(self.start_epoch)  # the epochs from here are trained again
             where = f", step {self.position.step}" if self.position else ""
             print(f"resumed from {path}: continuing at epoch {self.start_epoch}{where}", flush=True)
 
@@ -102,7 +96,7 @@ class Trainer:
         path = None
         if self.info.is_main:
             try:
-                path = self.state.write(epoch, position)
+                path = self.dir.state.write(epoch, position)
             except ImagenetTrainError as error:
                 self.vote.fail(error)
         verdict, _ = self.vote.settle()
@@ -128,14 +122,15 @@ class Trainer:
             print(f"world size changed from {saved.world} to {info.world} mid-epoch: {what}", flush=True)
         return start.position
 
-    def _hooks(self, epoch: int, steps: int, position: Position) -> list[StepHook]:
-        """This epoch's per-step extras (`steps` batches); the vote comes last, after every hook that may fail."""
+    def _hooks(self, epoch: int, steps: int, position: Position) -> tuple[list[StepHook], StopVote]:
+        """This epoch's per-step extras (`steps` batches) and its stop vote, the last of them: it runs after every
+        hook that may fail."""
         info, run, start = self.info, self.cfg.run, position.step
         hooks: list[StepHook] = [self.ema.at(epoch * self.schedule.interval, steps)] if self.ema else []
         if self.exact:
-            hooks.append(PositionLog(self.run_dir, epoch, info.rank, start, self.vote))
+            hooks.append(PositionLog(self.dir.path, epoch, info.rank, start, self.vote))
         if run.log_keys:
-            hooks.append(KeysRead(self.run_dir, epoch, info.rank, append=bool(start)))
+            hooks.append(KeysRead(self.dir.path, epoch, info.rank, append=bool(start)))
         if run.checkpoint_every and info.is_main:
             hooks.append(
                 MidEpochCheckpoint(
@@ -143,7 +138,8 @@ class Trainer:
                 )
             )
         joined = (self.ddp, self.step.optimizer, self.ema.averaged if self.ema else None)
-        return [*hooks, self.progress.at(epoch), StopVote(self.vote, *(joined if self.exact and info.enabled else ()))]
+        vote = StopVote(self.vote, *(joined if self.exact and info.enabled else ()))
+        return [*hooks, self.progress.at(epoch), vote], vote
 
     def _owed(self, position: Position, step: int) -> int:
         """Samples of the epoch still owed after `step` (resampled mode's cut epochs; 0 in exact modes)."""
@@ -151,18 +147,17 @@ class Trainer:
         return (batches - (step - position.step)) * self.schedule.global_batch if batches else 0
 
     def _checkpoint_inside(self, position: Position, step: int) -> None:
-        self.state.write(
+        self.dir.state.write(
             position.epoch - 1,
             Position(position.epoch, step, position.segments, self.info.world, self._owed(position, step)),
         )
-        self.mirror.sync()
+        self.dir.mirror.sync()
 
     def train_one_epoch(self, epoch: int) -> dict:
         """Train one epoch (or what is left of it); returns its record, identical on every rank."""
         position = self._prepare_epoch(epoch)
         info, steps, loader = self.info, self.schedule.epoch_batches(epoch), self.batches.train
-        hooks, stopped = self._hooks(epoch, steps, position), False
-        vote = hooks[-1]  # the StopVote: _hooks puts it last
+        (hooks, vote), stopped = self._hooks(epoch, steps, position), False
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         tally = progress.EpochTally(position.step, loader.damage(), loss_sum, self.schedule.base_lr)
         bar = tqdm(
@@ -201,7 +196,7 @@ class Trainer:
 
     def evaluate(self, epoch: int) -> dict:
         """Loss, top-1 and top-5 over every rank's share of the val shards ({} without val shards)."""
-        keys_dir = self.run_dir if self.cfg.run.log_keys else None
+        keys_dir = self.dir.path if self.cfg.run.log_keys else None
         model, info, classes, tta = self.model, self.info, self.source.num_classes, self.cfg.run.val_tta
         channels_last = self.step.channels_last
         return evaluation.evaluate_run(
@@ -225,12 +220,12 @@ class Trainer:
                 record["final_weights"] = evaluation.final_choice(record, self.ema)
                 if self.info.is_main:
                     self.vote.guard(
-                        evaluation.write_final, self.run_dir, self.model, self.ema, record
+                        evaluation.write_final, self.dir.path, self.model, self.ema, record
                     )  # settled at the save
             last = self.finish_epoch(epoch, record, started)
-        if self.records:
-            self.records.close()
-        self.mirror.finish(self.cfg.data.io_timeout)
+        if self.dir.records:
+            self.dir.records.close()
+        self.dir.mirror.finish(self.cfg.data.io_timeout)
         self.batches.close()
         return last
 
@@ -243,12 +238,12 @@ class Trainer:
         record["replicas_in_sync"] = replicas_in_sync(self.model, self.step.optimizer, self.info)
         record["epoch_time_s"] = round(time.time() - started, 3)
         record["samples_per_s"] = round(record["train_samples"] / max(record["epoch_time_s"], 1e-9), 1)
-        if self.records:  # before the checkpoint: a checkpoint of an epoch implies its line (see run_record)
-            self.records.write(record, sum(self.schedule.epoch_batches(e) for e in range(epoch + 1)))
+        if self.dir.records:  # before the checkpoint: a checkpoint of an epoch implies its line (see run_record)
+            self.dir.records.write(record, sum(self.schedule.epoch_batches(e) for e in range(epoch + 1)))
             if not record["replicas_in_sync"]:
                 log.error("replicas diverged at epoch %d: weights differ across ranks", epoch)
         path = self.save(epoch)
-        self.mirror.sync()
+        self.dir.mirror.sync()
         verdict, _ = self.vote.settle()  # a signal during evaluation or the checkpoint stops here
         if verdict.signum or self.stop_signal:
             self.stop(path, Position(epoch + 1), verdict.signum or self.stop_signal)
@@ -262,6 +257,6 @@ class Trainer:
             where = f"epoch {position.epoch} step {position.step}"
             name = signal.Signals(signum).name
             print(f"stopped by {name} at {where}: checkpoint {path}; continue with --resume latest", flush=True)
-        self.mirror.sync()
-        self.mirror.finish(STOP_UPLOAD_S, stoppable=False)
+        self.dir.mirror.sync()
+        self.dir.mirror.finish(STOP_UPLOAD_S, stoppable=False)
         raise Preempted(signum)
