@@ -153,6 +153,23 @@ def test_bad_slurm_flags_are_one_line_errors(tmp_path, flags, message):
 # --- a real Slurm on this machine: munged, slurmctld and two slurmd ("n1", "n2") ------------------------------
 
 
+# A stop signal has two outcomes, both as docs/faults.md ("A stop signal during a wait") says: the ranks stop together
+# and rank 0 saves the step's position; or the signal finds one rank waiting for its next batch while the other, whose
+# batch came, is inside the step's collective, and each leaves without a checkpoint, saying why (the SSH and fault
+# tests met the second once each).
+UNSAVED_PAIRS = (
+    [("0", "in a collective"), ("1", "waiting for the next batch")],
+    [("1", "in a collective"), ("0", "waiting for the next batch")],
+)
+
+
+def _stop_outcome(log: str) -> tuple[bool, list[tuple[str, str]]]:
+    """Whether rank 0 saved the stop's position, and the ranks' lines saying they left without a checkpoint."""
+    saved = re.search(r"stopped by SIGUSR1 at epoch \d+ step \d+: checkpoint .*epoch-\d{4}-step-\d{6}\.pt", log)
+    unsaved = re.findall(r"rank (\d): stopped by SIGUSR1 while ([a-z ]+): exiting without a checkpoint", log)
+    return saved is not None, sorted(unsaved, key=lambda line: line[1])
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -308,8 +325,12 @@ def test_scancel_signal_usr1_stops_training_cleanly_with_a_checkpoint(slurm_clus
     state = _job_state(slurm_cluster, job)
     log = (tmp_path / f"job-{job}.out").read_text()
     assert state["ExitCode"] == "138:0", log[-4000:]
-    assert re.search(r"stopped by SIGUSR1 at epoch \d+ step \d+: checkpoint .*epoch-\d{4}-step-\d{6}\.pt", log), log
-    assert list((run_dir / "checkpoints").glob("epoch-*-step-*.pt"))
+    saved, unsaved = _stop_outcome(log)
+    if saved:
+        assert list((run_dir / "checkpoints").glob("epoch-*-step-*.pt")) and unsaved == [], log[-4000:]
+    else:
+        assert unsaved in UNSAVED_PAIRS, log[-4000:]
+        assert not list((run_dir / "checkpoints").glob("*.pt"))
     leftover = subprocess.run(["pgrep", "-f", "--", f"--run-dir {run_dir}"], capture_output=True, text=True).stdout
     assert leftover == ""
 
@@ -330,12 +351,15 @@ def test_requeue_after_a_clean_stop_resumes_and_finishes(slurm_cluster, shard_se
     )
     _wait(lambda: _steps_done(tmp_path / f"job-{job}.out"), 300, "training did not start")
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm_cluster, check=True)
-    _wait(lambda: list((run_dir / "checkpoints").glob("epoch-*-step-*.pt")), 300, "no pre-emption checkpoint")
     _wait(lambda: _job_state(slurm_cluster, job).get("JobState") == "COMPLETED", 600, "requeued job did not finish")
     state = _job_state(slurm_cluster, job)
     log = (tmp_path / f"job-{job}.out").read_text()  # --open-mode=append: both runs
     assert state["Restarts"] == "1" and state["ExitCode"] == "0:0", log[-4000:]
     assert f"requeueing job {job}" in log
-    assert re.search(r"resumed from .*epoch-0000-step-\d{6}\.pt", log), log[-4000:]
+    saved, unsaved = _stop_outcome(log)
+    if saved:
+        assert re.search(r"resumed from .*epoch-0000-step-\d{6}\.pt", log) and unsaved == [], log[-4000:]
+    else:  # nothing saved: the requeued run starts the epoch again
+        assert unsaved in UNSAVED_PAIRS and "no checkpoint in" in log, log[-4000:]
     assert [m["epoch"] for m in read_metrics(run_dir)] == [0]
     assert (run_dir / "checkpoints" / "epoch-0000.pt").is_file()
