@@ -18,7 +18,7 @@ class EmaWritingTrainer(loop.Trainer):
         """Train as `train` does, then write this rank's EMA state."""
         record = super().run()
         assert self.ema is not None, "the driver needs --model-ema"
-        torch.save(self.ema.state_dict(), self.run_dir / f"ema-rank{self.info.rank}.pt")
+        torch.save(self.ema.state_dict(), self.dir.path / f"ema-rank{self.info.rank}.pt")
         return record
 
 
