@@ -194,6 +194,21 @@ def test_two_process_training_in_the_container_reads_host_nginx_and_writes_resul
     assert (results / "run" / "checkpoints" / "epoch-0000.pt").exists()
 
 
+def test_one_process_training_started_bare_in_the_container_runs_as_pid_1(podman, digit_shards, tmp_path):
+    """`docker run IMAGE train ...` without `launch`: training is the container's pid 1, with loader workers."""
+    results, shards = tmp_path / "results", shutil.copytree(digit_shards, tmp_path / "shards")
+    results.mkdir()
+    results.chmod(0o777)  # the container's non-root user writes here, and reads the shards
+    shards.chmod(0o755)
+    mounts = ["-v", f"{shards}:/shards:ro", "-v", f"{results}:/results"]
+    train = ["train", "--shards", "/shards", "--run-dir", "/results/run", "--epochs", "1", "--epoch-batches", "4"]
+    options = [*SMALL_TRAIN, "--batch-size", "16", "--workers", "1"]
+    result = run(podman, "--shm-size=1g", *mounts, IMAGE, *train, *options, check=False, timeout=600)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
+    metrics = read_metrics(results / "run")
+    assert metrics[0]["batches_per_rank"] == [4] and metrics[0]["val_samples"] == 359
+
+
 def make_push(podman: Podman, registry: LocalRegistry, digest_file: Path) -> subprocess.CompletedProcess:
     """`make push` of REGISTRY/imagenet-train:image-test, trusting the registry's CA by its cert dir."""
     variables = [f"REGISTRY={registry.host}", "IMAGE=imagenet-train", "TAG=image-test", "CONTAINER=podman"]

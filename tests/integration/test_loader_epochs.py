@@ -2,6 +2,7 @@
 
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -252,6 +253,30 @@ def test_a_rank_killed_outright_takes_its_forkserver_and_workers_with_it(digit_s
     while any(_alive(pid) for pid in helpers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in helpers if _alive(pid)], "loader processes outlived their rank"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="a PID namespace needs root and util-linux's unshare"
+)
+def test_a_loader_in_a_process_with_pid_1_reads_its_epoch(digit_shards):
+    """A container's entrypoint runs as pid 1 (`podman run IMAGE train`): its forkserver's parent is pid 1 and
+    alive, which must not read as the parent having died before the death signal was set up."""
+    script = (
+        "import os\n"
+        "from imagenet_train.datasets.source import resolve_source\n"
+        "from imagenet_train.loading.presets import ValPreset\n"
+        "from imagenet_train.loading.stream import EpochLoader, ShardStream\n"
+        "assert os.getpid() == 1\n"
+        f"source = resolve_source({str(digit_shards)!r})\n"
+        "stream = ShardStream(urls=source.train_urls, transform=ValPreset(24, 24).build(), batch_size=64)\n"
+        "loader = EpochLoader(stream, workers=1)\n"
+        "print(sum(len(labels) for _, labels, _ in loader), flush=True)\n"
+        "loader.close()\n"
+    )
+    command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout) == 1438  # every sample of the epoch
 
 
 def test_slurms_signal_to_every_loader_process_leaves_the_loader_and_its_helpers_working(digit_shards):

@@ -90,9 +90,12 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         import ctypes
 
+        # Compared with the parent read before the request, not with pid 1: in a container the rank itself
+        # is often pid 1 (`podman run IMAGE train`), and an orphan goes to the nearest subreaper anyway.
+        parent = os.getppid()
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent died before the request took effect
+        if os.getppid() != parent:  # the parent died before the request took effect
             os._exit(1)
 
 
