@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from imagenet_train.datasets.source import ShardInfo, resolve_source
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, one_line
 from imagenet_train.loading.presets import TrainPreset, ValPreset
 from imagenet_train.loading.stages import ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
@@ -137,6 +137,35 @@ def test_a_truncated_shard_is_an_error_naming_it_when_damage_must_stop_the_run(t
     cut = _cut_shard(tmp_path)
     with pytest.raises(ImagenetTrainError, match="cut.tar: broken shard .*--on-broken-shard fail"):
         list(EpochLoader(stream([cut], reading=ShardReading(on_broken="fail")), workers=0))
+
+
+def _failing_pipe(tmp_path) -> str:
+    """A pipe: command that writes half of a four-sample shard, then fails."""
+    samples = {f"s{i}": {"jpg": jpeg_bytes(i), "cls": b"0"} for i in range(4)}
+    _shard(tmp_path / "a.tar", samples)
+    half = (tmp_path / "a.tar").stat().st_size // 2
+    return f"pipe:head -c {half} {tmp_path / 'a.tar'}; exit 3"
+
+
+def test_a_failing_pipe_command_breaks_its_shard_keeping_the_samples_before(tmp_path, caplog):
+    url = _failing_pipe(tmp_path)
+    reading = ShardReading(expected={url: ShardInfo(samples=4)})
+    loader = EpochLoader(stream([url], shuffle_shards=False, shuffle_buffer=0, reading=reading), workers=0)
+    keys = keys_of(loader)
+    assert 0 < len(keys) < 4 and keys == [f"s{i}" for i in range(len(keys))]
+    assert loader.damage() == (0, 1, 4 - len(keys))  # (corrupt samples, broken shards, lost samples)
+    warnings = [r.getMessage() for r in caplog.records if "broken shard" in r.getMessage()]
+    assert warnings == [
+        f"broken shard {url}: the command exited with status 3; kept {len(keys)} samples, lost {4 - len(keys)}"
+    ]
+
+
+def test_a_failing_pipe_command_is_an_error_naming_it_when_damage_must_stop_the_run(tmp_path):
+    url = _failing_pipe(tmp_path)
+    with pytest.raises(ImagenetTrainError) as caught:
+        list(EpochLoader(stream([url], reading=ShardReading(on_broken="fail")), workers=1))
+    message = one_line(str(caught.value))  # as the command line prints it: the worker's last line
+    assert message == f"{url}: broken shard (the command exited with status 3; --on-broken-shard fail)"
 
 
 def test_loader_reads_shards_over_http_from_nginx(shard_server, digit_shards):

@@ -1,13 +1,15 @@
 """Opening shard URLs: HTTP from nginx, retries, resuming a dropped stream, and clear errors."""
 
 import http.server
+import os
 import threading
 import time
 
 import pytest
 
-from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io import storage
+from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.io import pipe, storage
+from imagenet_train.io.pipe import CommandFailed
 from imagenet_train.ops.serve import free_port
 
 
@@ -183,3 +185,52 @@ def test_an_outage_shorter_than_the_io_budget_is_waited_out_and_logged(caplog):
     waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
     assert len(waits) <= 1  # at most one line per minute per node, however many attempts
     assert not waits or "Connection refused" in waits[0] and "of --io-timeout 60 s" in waits[0]
+
+
+def _group_gone(pgid: int, within: float = 5.0) -> bool:
+    """Whether no process of group `pgid` is left within `within` s (a killed one is reaped by init)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_pipe_command_is_read_as_the_shard(digit_shards):
+    shard = sorted(digit_shards.glob("*.tar"))[0]
+    with storage.open_stream(f"pipe:cat {shard}") as stream:
+        assert stream.read() == shard.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [("cat {shard}; exit 3", "the command exited with status 3"), ("kill -9 $$", "the command was killed by SIGKILL")],
+)
+def test_a_pipe_command_that_fails_is_an_error_naming_it_at_the_end_of_its_output(digit_shards, command, reason):
+    shard = sorted(digit_shards.glob("*.tar"))[0]
+    location = "pipe:" + command.format(shard=shard)
+    with storage.open_stream(location) as stream, pytest.raises(CommandFailed) as caught:
+        stream.read()
+    assert str(caught.value) == f"{clip(location)}: {reason}" and caught.value.reason == reason
+
+
+def test_a_pipe_closed_before_its_end_kills_the_commands_process_group(digit_shards):
+    shard = sorted(digit_shards.glob("*.tar"))[0]
+    stream = storage.open_stream(f"pipe:cat {shard}; sleep 600")
+    assert stream.read(512) == shard.read_bytes()[:512]
+    group = stream.raw.process.pid
+    started = time.monotonic()
+    stream.close()
+    assert time.monotonic() - started < 5 and _group_gone(group)
+
+
+def test_a_pipe_command_that_runs_on_after_its_output_ended_is_cut_off(monkeypatch):
+    monkeypatch.setattr(pipe, "EXIT_WAIT_S", 1.0)
+    stream = storage.open_stream("pipe:printf tar; exec >&-; sleep 600")
+    group = stream.raw.process.pid
+    with stream, pytest.raises(CommandFailed, match="the command still ran 1 s after its output ended"):
+        stream.read()
+    assert _group_gone(group)

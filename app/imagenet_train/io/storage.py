@@ -16,6 +16,7 @@ from imagenet_train import waiting
 from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import redirects
+from imagenet_train.io.pipe import CommandStream
 from imagenet_train.io.redirects import RedirectPolicy
 from imagenet_train.io.resumable import Opened, ResumableReader, Transient, buffered, stall_window
 
@@ -186,9 +187,11 @@ def open_stream(location: str, io_timeout: float = IO_TIMEOUT) -> BinaryIO:
         http_url = ais_http_url(location)
         opener = http_opener(http_url, socket_timeout(io_timeout), RedirectPolicy.SAME_OBJECT)
         return buffered(ResumableReader(location, opener, io_timeout))
+    if location.startswith("pipe:"):
+        return io.BufferedReader(CommandStream(location), buffer_size=1 << 20)
     if is_url(location):
-        # pipe: and the schemes we have no reader of our own for (sftp, ftps, scp, hf, htgs): webdataset's gopen
-        # (the reason pyproject.toml keeps webdataset).
+        # The schemes we have no reader of our own for (sftp, ftps, scp, hf, htgs): webdataset's gopen (the
+        # reason pyproject.toml keeps webdataset).
         import webdataset
 
         try:

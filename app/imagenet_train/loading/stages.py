@@ -19,6 +19,7 @@ from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import storage, tarstream
 from imagenet_train.io.cache import open_cached, open_verified
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
+from imagenet_train.io.pipe import CommandFailed
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,11 @@ class Shard:
     verifier: VerifyingReader | None = None
 
 
+def as_damage(error: BrokenShard | DigestMismatch | CommandFailed) -> BrokenShard | DigestMismatch:
+    """A failed `pipe:` command as the shard damage it is: its bytes end, or went wrong, partway."""
+    return BrokenShard(error.reason) if isinstance(error, CommandFailed) else error
+
+
 class ShardOutcomes:
     """What becomes of each shard read: a broken one is counted and named once in a warning (or ends the run
     under --on-broken-shard fail), and `max_empty` shards in a row with no sample end the stream, so an
@@ -204,8 +210,8 @@ def opened(shards: Iterable[Shard], reading: ShardReading, outcomes: ShardOutcom
             if shard.sha256 and shard.url in _mismatched:
                 raise DigestMismatch("did not match its index's sha256 when read before; not read again")
             stream = reading.open(shard.url)
-        except DigestMismatch as error:
-            outcomes.broken(shard, error, 0)
+        except (DigestMismatch, CommandFailed) as error:  # CommandFailed: the cache's whole copy of a pipe: shard
+            outcomes.broken(shard, as_damage(error), 0)
             outcomes.done(shard, 0)
             continue
         with stream:
@@ -244,8 +250,8 @@ def expanded(shards: Iterable[Shard], outcomes: ShardOutcomes) -> Iterator[dict]
                 yield sample
             if shard.verifier:
                 shard.verifier.finish()
-        except (BrokenShard, DigestMismatch) as error:
-            outcomes.broken(shard, error, count)
+        except (BrokenShard, DigestMismatch, CommandFailed) as error:
+            outcomes.broken(shard, as_damage(error), count)
         outcomes.done(shard, count)
 
 
