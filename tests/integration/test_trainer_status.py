@@ -4,8 +4,12 @@ TrainJob CRD's `trainerStatus` schema and CEL rules (tests/status_server.py)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -16,7 +20,7 @@ from status_server import StatusServer, body_problems, make_pki
 from imagenet_train.training import progress
 from imagenet_train.training.progress import CA_VAR, TOKEN_VAR, URL_VAR, status_body
 
-from conftest import SMALL_TRAIN, read_metrics, torchrun
+from conftest import REPO, SMALL_TRAIN, read_metrics, torchrun
 
 # Two short epochs (8 steps each, the second evaluated): epoch ends at 50% and 100%.
 SHORT_RUN = [*SMALL_TRAIN, "--epochs", "2", "--epoch-batches", "8"]
@@ -59,6 +63,29 @@ def test_rank0_reports_rising_progress_that_reaches_100_at_the_end(digit_shards,
     assert metrics["epoch"] == 1 and metrics["top1"] == pytest.approx(last["top1"], rel=1e-5)
     assert metrics["loss"] == pytest.approx(last["train_loss"], rel=1e-5) and metrics["img_per_s"] > 0
     assert any("estimatedRemainingSeconds" in s for s in received.statuses[:-1])
+
+
+def test_a_lightning_run_reports_its_progress_from_rank_0_too(digit_shards, pki, tmp_path):
+    """examples/lightning_digits.py, Lightning's DDP on 2 ranks: the module brings the progress callback."""
+    script = str(REPO / "examples" / "lightning_digits.py")
+    args = [*SHORT_RUN, "--mode", "resampled", "--shards", str(digit_shards), "--run-dir", str(tmp_path / "run")]
+    with StatusServer(pki.cert, pki.key, TOKEN) as server:
+        environment = {**os.environ, **trainer_env(server.url, pki), "OMP_NUM_THREADS": "1"}
+        result = subprocess.run(
+            [sys.executable, script, *args], capture_output=True, text=True, env=environment, timeout=600
+        )
+    assert result.returncode == 0, result.stderr[-3000:]
+    received = server.received
+    assert received.problems == []
+    percentages = received.percentages()
+    # Rank 0 alone: a second poster would repeat the epochs' ends (50, 100) and start again from the beginning.
+    assert len(percentages) >= 3 and percentages == sorted(set(percentages)), percentages
+    assert percentages[-1] == 100 and percentages.count(100) == 1 and percentages[0] < 50 <= percentages[-2]
+    metrics = {m["name"]: float(m["value"]) for m in received.statuses[-1]["metrics"]}
+    last = json.loads(result.stdout.strip().splitlines()[-1])  # rank 0's last validation, as the script prints it
+    assert metrics["epoch"] == 1 and metrics["top1"] == pytest.approx(last["top1"], rel=1e-5)
+    assert metrics["val_loss"] == pytest.approx(last["val_loss"], rel=1e-5)
+    assert metrics["loss"] > 0 and metrics["img_per_s"] > 0
 
 
 def test_a_failing_endpoint_leaves_a_ddp_run_alone_and_is_logged_once(digit_shards, pki, tmp_path, monkeypatch):

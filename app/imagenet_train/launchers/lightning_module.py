@@ -10,6 +10,7 @@ so they are refused.
 # ruff: noqa: E402 (torchvision must be made importable before Lightning loads it)
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import torch
@@ -32,6 +33,8 @@ from imagenet_train.planning.plan import preflight_check
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import models
 from imagenet_train.training.evaluation import Totals
+from imagenet_train.training.hooks import StepHook
+from imagenet_train.training.progress import RunProgress
 from imagenet_train.training.step import build_criterion, build_optimizer
 
 
@@ -111,6 +114,38 @@ class ShardDataModule(lightning.LightningDataModule):
         return self.val_batches or []
 
 
+class TrainJobProgress(lightning.Callback):
+    """The TrainJob's progress (Kubeflow Trainer's status endpoint), posted by rank 0 as `train` posts it
+    (training/progress.py): after steps, at most every few seconds, and at each epoch's end with its loss and
+    validation scores; nothing without the Trainer's variables. ImagenetModule brings it to every Trainer."""
+
+    def __init__(self) -> None:
+        self.run: RunProgress | None = None
+        self.epoch: StepHook = StepHook()
+        self.started = 0.0
+
+    def on_fit_start(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
+        """Rank 0 finds the endpoint (the schedule gives the run's length in steps)."""
+        self.run = RunProgress.of(module.schedule, trainer.is_global_zero)
+
+    def on_train_epoch_start(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
+        """This epoch's share of the report."""
+        self.epoch, self.started = self.run.at(trainer.current_epoch), time.monotonic()
+
+    def on_train_batch_end(self, trainer: lightning.Trainer, module: ImagenetModule, outputs, batch, index) -> None:
+        """Report the steps done (when due)."""
+        self.epoch.after_step(index + 1)
+
+    def on_train_epoch_end(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
+        """After the epoch's validation (Lightning validates before this hook): post with its metrics."""
+        epoch, metrics = trainer.current_epoch, trainer.callback_metrics
+        record: dict = {"epoch": epoch, **{name: float(value) for name, value in metrics.items()}}
+        elapsed = time.monotonic() - self.started
+        if elapsed > 0:
+            record["samples_per_s"] = module.schedule.epoch_batches(epoch) * module.schedule.global_batch / elapsed
+        self.run.epoch_end(epoch, record)
+
+
 class ImagenetModule(lightning.LightningModule):
     """The model, SGD parameter groups, warmup+cosine LR per step, loss and top-1/top-5 of `imagenet-train train`."""
 
@@ -135,6 +170,10 @@ class ImagenetModule(lightning.LightningModule):
             raise ImagenetTrainError(
                 f"Trainer(max_epochs={self.trainer.max_epochs}): must be {self.schedule.epochs}, the run's --epochs"
             )
+
+    def configure_callbacks(self) -> list[lightning.Callback]:
+        """The TrainJob's progress, whichever Trainer runs the module."""
+        return [TrainJobProgress()]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """The run's --opt over the model's parameter groups, starting at the schedule's base LR."""
