@@ -174,6 +174,9 @@ def test_bucket_backed_job_streams_gs_and_sends_results_to_the_bucket(tmp_path):
     assert argv[argv.index("--workspace") + 1] == "acme-keys:/ws:RO"
 
 
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -187,6 +190,10 @@ def test_bucket_backed_job_streams_gs_and_sends_results_to_the_bucket(tmp_path):
         ({"ngc": {"totalRuntime": "3 days"}}, "ngc.totalRuntime"),
         ({"ngc": {"instanse": "x"}}, "ngc.instanse: unknown key"),
         ({"shards": {"server": "aistore", "aistore": {"deploy": True}}}, "shards.aistore.endpoint: NGC jobs need"),
+        (
+            {"shards": {"server": "bucket", "bucket": {"url": "gs://acme-data/s"}}, "image": {"digest": DIGEST}},
+            "image.digest: NGC batch jobs name their image by tag (--image REPOSITORY:TAG), so a digest cannot pin",
+        ),
     ],
 )
 def test_bad_values_are_one_line_errors_before_ngc_is_called(tmp_path, values, message):

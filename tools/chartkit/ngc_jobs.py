@@ -80,6 +80,11 @@ def run_command(values: dict, name: str, default_tag: str = "latest") -> list[st
         )
     if launcher["elastic"]["enabled"]:
         raise ImagenetTrainError("launcher.elastic.enabled: NGC arrays are static; disable elastic for NGC jobs")
+    if values["image"]["digest"]:  # refused, not dropped: the run would not be the image the values pin
+        raise ImagenetTrainError(
+            "image.digest: NGC batch jobs name their image by tag (--image REPOSITORY:TAG), so a digest cannot pin "
+            'them; for NGC, add a values file with image.digest "" and image.tag the tag you pushed'
+        )
     shards_url, env = shards_source(values)
     if ngc["gcpKeyFile"]:
         env.append(f"GOOGLE_APPLICATION_CREDENTIALS:{ngc['gcpKeyFile']}")
