@@ -217,14 +217,34 @@ def test_a_pipe_command_that_fails_is_an_error_naming_it_at_the_end_of_its_outpu
     assert str(caught.value) == f"{clip(location)}: {reason}" and caught.value.reason == reason
 
 
-def test_a_pipe_closed_before_its_end_kills_the_commands_process_group(digit_shards):
+def test_a_pipe_closed_while_its_command_writes_ends_it_by_sigpipe_at_once(monkeypatch):
+    monkeypatch.setattr(pipe, "CLOSE_WAIT_S", 60.0)  # not the kill after the wait: SIGPIPE ends it
+    stream = storage.open_stream("pipe:yes")
+    assert stream.read(4) == b"y\ny\n"
+    group, started = stream.raw.process.pid, time.monotonic()
+    stream.close()
+    assert time.monotonic() - started < 5 and _group_gone(group)
+
+
+def test_a_pipe_closed_before_its_end_kills_a_command_that_writes_no_more(digit_shards, monkeypatch):
+    monkeypatch.setattr(pipe, "CLOSE_WAIT_S", 1.0)
     shard = sorted(digit_shards.glob("*.tar"))[0]
     stream = storage.open_stream(f"pipe:cat {shard}; sleep 600")
     assert stream.read(512) == shard.read_bytes()[:512]
-    group = stream.raw.process.pid
-    started = time.monotonic()
+    group, started = stream.raw.process.pid, time.monotonic()
     stream.close()
     assert time.monotonic() - started < 5 and _group_gone(group)
+
+
+def test_a_pipe_command_that_failed_past_what_was_read_is_a_warning_at_close(caplog):
+    stream = storage.open_stream("pipe:printf tar; exit 3")
+    assert stream.read(1) == b"t"
+    while stream.raw.process.poll() is None:
+        time.sleep(0.01)
+    stream.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "pipe:printf tar; exit 3: the command exited with status 3 past what was read of it"
+    ]
 
 
 def test_a_pipe_command_that_runs_on_after_its_output_ended_is_cut_off(monkeypatch):

@@ -51,8 +51,9 @@ def test_rank0_reports_rising_progress_that_reaches_100_at_the_end(digit_shards,
     received = server.received
     assert received.problems == []
     percentages = received.percentages()
-    # Rank 0 alone: a second poster would repeat the epochs' ends (50, 100) and start again from the beginning.
-    assert len(percentages) >= 3 and percentages == sorted(set(percentages)), percentages
+    # Rising (an epoch's last step may post its 50 before the epoch's end posts it again); rank 0 alone: a
+    # second poster would post 100 at the end too, and the line below would count two.
+    assert len(set(percentages)) >= 3 and percentages == sorted(percentages), percentages
     assert percentages[-1] == 100 and percentages.count(100) == 1
     assert percentages[0] < 50 <= percentages[-2] < 100
     assert result.stderr.count("trainer status: reporting progress to") == 1
@@ -78,8 +79,9 @@ def test_a_lightning_run_reports_its_progress_from_rank_0_too(digit_shards, pki,
     received = server.received
     assert received.problems == []
     percentages = received.percentages()
-    # Rank 0 alone: a second poster would repeat the epochs' ends (50, 100) and start again from the beginning.
-    assert len(percentages) >= 3 and percentages == sorted(set(percentages)), percentages
+    # Rising (an epoch's last step may post its 50 before the epoch's end posts it again); rank 0 alone: a
+    # second poster would post 100 at the end too.
+    assert len(set(percentages)) >= 3 and percentages == sorted(percentages), percentages
     assert percentages[-1] == 100 and percentages.count(100) == 1 and percentages[0] < 50 <= percentages[-2]
     metrics = {m["name"]: float(m["value"]) for m in received.statuses[-1]["metrics"]}
     last = json.loads(result.stdout.strip().splitlines()[-1])  # rank 0's last validation, as the script prints it

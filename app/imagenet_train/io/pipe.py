@@ -1,29 +1,38 @@
 """`pipe:` shards, as WebDataset names them: a shell command's standard output read as the shard's bytes.
 
-The command's exit status is read when its output ends, so a command that fails (a `curl` that lost its
-server, a missing file) breaks the shard as truncated bytes would, instead of passing for a short shard. A
-stream closed before its end (a resampled epoch that ends inside the shard) ends the command and says nothing.
+The command's exit status is read when its output has been read to the end, so a command that fails (a
+`curl` that lost its server, a missing file) breaks the shard as truncated bytes would, instead of passing for
+a short shard; one that fails after the tar's end-of-archive marker (which the tar reader stops at) is named in
+a warning when the stream closes. A stream closed before the command's end (a resampled epoch that ends inside
+the shard) ends the command: a command still writing dies of SIGPIPE and its shell reaps it; one that writes
+nothing more is killed with its whole process group after CLOSE_WAIT_S.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import signal
 import subprocess
 
 from imagenet_train.errors import ImagenetTrainError, clip
 
+log = logging.getLogger(__name__)
+
 EXIT_WAIT_S = 30.0  # how long a command may run on once its output has ended
+CLOSE_WAIT_S = 5.0  # how long a command closed early has to end by itself (SIGPIPE) before it is killed
 
 
 class CommandFailed(ImagenetTrainError):
-    """A `pipe:` command whose output ended failed, or did not exit; `reason` says which, without the URL."""
+    """A `pipe:` command whose output ended failed, or did not exit; `reason` says which, without the URL.
 
-    def __init__(self, location: str, reason: str):
-        super().__init__(f"{clip(location)}: {reason}")
-        self.reason = reason
+    One message argument, as torch rebuilds an exception raised in a DataLoader worker."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def exit_reason(status: int) -> str:
@@ -38,46 +47,59 @@ def exit_reason(status: int) -> str:
 
 
 class CommandStream(io.RawIOBase):
-    """The output of `location`'s command (`pipe:COMMAND`, run by the shell in a process group of its own, so
-    that closing the stream early ends every process of it)."""
+    """The output of `location`'s command (`pipe:COMMAND`), run by the shell in a process group of its own so
+    that ending it ends every process of it."""
 
     def __init__(self, location: str):
         self.location = location
         command = location.removeprefix("pipe:")
         self.process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=0, process_group=0)
+        self.exit_read = False  # the exit status was read at the output's end (and raised if it was a failure)
 
     def readable(self) -> bool:
         """Always: the command's output is read, never written."""
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: bytearray | memoryview) -> int:
         """Fill `buffer` from the command's output; at its end, raise CommandFailed unless the command succeeded."""
         count = self.process.stdout.readinto(buffer)
         if not count:
             self._check_exit()
         return count
 
+    def _failed(self, reason: str) -> CommandFailed:
+        return CommandFailed(f"{clip(self.location)}: {reason}", reason)
+
     def _check_exit(self) -> None:
+        self.exit_read = True
         try:
             status = self.process.wait(EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
-            self._end()
-            reason = f"the command still ran {EXIT_WAIT_S:.0f} s after its output ended"
-            raise CommandFailed(self.location, reason) from None
+            self._kill()
+            raise self._failed(f"the command still ran {EXIT_WAIT_S:.0f} s after its output ended") from None
         if status:
-            raise CommandFailed(self.location, f"the command {exit_reason(status)}")
+            raise self._failed(f"the command {exit_reason(status)}")
 
-    def _end(self) -> None:
+    def _kill(self) -> None:
         """Kill the command's process group and reap the shell. KILL, not TERM: the loader's workers block and
-        ignore the stop signals (loading/loader_signals.py), and a command inherits both."""
-        with contextlib.suppress(ProcessLookupError):  # gone already, the shell and all it started
+        ignore the stop signals (loading/loader_signals.py), and a command inherits both. What the shell started
+        goes to the nearest reaper."""
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
     def close(self) -> None:
-        """Close the output, and end the command if it still runs."""
-        if not self.closed:
-            self.process.stdout.close()
-            if self.process.poll() is None:  # closed before the output's end: nobody reads the rest
-                self._end()
+        """Close the output and see the command end: a failure nobody read to is a warning; a command that
+        outlives CLOSE_WAIT_S is killed."""
+        if self.closed:
+            return
+        ended = self.process.poll()  # before closing: an exit caused by the close (SIGPIPE) is no failure
+        self.process.stdout.close()
+        if ended and not self.exit_read:
+            log.warning("%s: the command %s past what was read of it", clip(self.location), exit_reason(ended))
+        elif ended is None:
+            try:
+                self.process.wait(CLOSE_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self._kill()
         super().close()

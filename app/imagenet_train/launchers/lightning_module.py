@@ -132,14 +132,19 @@ class TrainJobProgress(lightning.Callback):
         """This epoch's share of the report."""
         self.epoch, self.started = self.run.at(trainer.current_epoch), time.monotonic()
 
-    def on_train_batch_end(self, trainer: lightning.Trainer, module: ImagenetModule, outputs, batch, index) -> None:
+    def on_train_batch_end(
+        self, trainer: lightning.Trainer, module: ImagenetModule, outputs: object, batch: object, index: int
+    ) -> None:
         """Report the steps done (when due)."""
         self.epoch.after_step(index + 1)
 
     def on_train_epoch_end(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
-        """After the epoch's validation (Lightning validates before this hook): post with its metrics."""
-        epoch, metrics = trainer.current_epoch, trainer.callback_metrics
-        record: dict = {"epoch": epoch, **{name: float(value) for name, value in metrics.items()}}
+        """After the epoch's validation (Lightning validates before this hook): post with its metrics, the
+        scores only when this epoch was validated (callback_metrics keeps the last validation's)."""
+        epoch, loss = trainer.current_epoch, trainer.callback_metrics.get("train_loss")
+        record: dict = {"epoch": epoch, **({"train_loss": float(loss)} if loss is not None else {})}
+        if module.history and module.history[-1]["epoch"] == epoch:
+            record.update(module.history[-1])
         elapsed = time.monotonic() - self.started
         if elapsed > 0:
             record["samples_per_s"] = module.schedule.epoch_batches(epoch) * module.schedule.global_batch / elapsed

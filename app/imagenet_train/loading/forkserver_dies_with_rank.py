@@ -8,7 +8,7 @@ every module), it does nothing: the check below reads how this process was start
 
 import sys
 
-from imagenet_train.loading.workers import die_with_parent
+from imagenet_train.loading.workers import forkserver_dies_with_rank
 
 if "multiprocessing.forkserver" in " ".join(getattr(sys, "orig_argv", [])):
-    die_with_parent()
+    forkserver_dies_with_rank()

@@ -80,8 +80,8 @@ def main_script_hidden() -> Iterator[None]:
             main.__file__ = script
 
 
-def die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this process when its parent dies.
+def die_with_parent(parent: int | None = None) -> None:
+    """Linux: have the kernel SIGKILL this process when its parent (pid `parent`, when known) dies.
 
     A rank killed outright (OOM killer, SIGKILL) cannot shut its loader down; without this its
     forkserver and DataLoader workers live on, each holding hundreds of MB. The forkserver dies with
@@ -90,18 +90,31 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         import ctypes
 
-        # Compared with the parent read before the request, not with pid 1: in a container the rank itself
-        # is often pid 1 (`podman run IMAGE train`), and an orphan goes to the nearest subreaper anyway.
-        parent = os.getppid()
+        # Compared with the parent's pid, not with pid 1: in a container the rank itself is often pid 1
+        # (`podman run IMAGE train`), and an orphan goes to the nearest subreaper anyway.
+        expected = os.getppid() if parent is None else parent
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before the request took effect
+        if os.getppid() != expected:  # the parent died before the request took effect
             os._exit(1)
+
+
+_forkserver: list[int] = []  # in the forkserver, and in every worker forked from it: the forkserver's pid
+
+
+def forkserver_dies_with_rank() -> None:
+    """In the forkserver, as it starts: die with the rank, and note this pid for the workers forked from here.
+
+    A rank gone before this is read as the parent: the forkserver then leaves by itself, at the end of the
+    pipe the rank holds open (multiprocessing's forkserver loop).
+    """
+    _forkserver.append(os.getpid())
+    die_with_parent()
 
 
 def worker_init(_: int) -> None:
     """Run first in every DataLoader worker: die with the forkserver, leave pre-emption signals to the rank."""
-    die_with_parent()
+    die_with_parent(_forkserver[0] if _forkserver else None)  # a forkserver gone since the fork: leave now
     from imagenet_train.loading.loader_signals import leave_to_the_rank
 
     # Called, not left to the import: a forkserver child has the module imported already, and torch's worker
