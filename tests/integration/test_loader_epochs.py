@@ -1,5 +1,6 @@
 """Loaders, driven one virtual rank at a time: exact epochs, resampled lengths, corrupt samples."""
 
+import hashlib
 import io
 import os
 import shutil
@@ -166,6 +167,19 @@ def test_a_failing_pipe_command_is_an_error_naming_it_when_damage_must_stop_the_
         list(EpochLoader(stream([url], reading=ShardReading(on_broken="fail")), workers=1))
     message = one_line(str(caught.value))  # as the command line prints it: the worker's last line
     assert message == f"{url}: broken shard (the command exited with status 3; --on-broken-shard fail)"
+
+
+def test_a_failing_pipe_command_under_a_verifying_cache_breaks_its_shard_before_any_sample(tmp_path, caplog):
+    """--cache-dir with an index's sha256: the shard is fetched whole and checked before use."""
+    url = _failing_pipe(tmp_path)
+    whole = (tmp_path / "a.tar").read_bytes()
+    expected = {url: ShardInfo(samples=4, filesize=len(whole), sha256=hashlib.sha256(whole).hexdigest())}
+    reading = ShardReading(expected=expected, cache_dir=str(tmp_path / "cache"))
+    loader = EpochLoader(stream([url], reading=reading), workers=0)
+    assert keys_of(loader) == [] and loader.damage() == (0, 1, 4)
+    warnings = [r.getMessage() for r in caplog.records if "broken shard" in r.getMessage()]
+    assert warnings == [f"broken shard {url}: the command exited with status 3; kept 0 samples, lost 4"]
+    assert not [path for path in (tmp_path / "cache").rglob("*") if path.is_file()]  # nothing half-fetched kept
 
 
 def test_loader_reads_shards_over_http_from_nginx(shard_server, digit_shards):
