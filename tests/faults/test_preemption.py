@@ -95,8 +95,8 @@ def sigterm_then_resume(shards, tmp_path, mode: str, record, baselines) -> None:
     assert metrics(run_dir)[-1]["resumed_from_step"] == step
     assert accounting.lost == 0 and accounting.unexpected == 0, accounting
     if mode != "resampled":  # the exact modes: every sample once over both parts, but what the unsaved stop reread
+        # (with nothing lost or unexpected above, the samples seen are every sample plus these repeats)
         assert accounting.repeated <= (0 if stopped else 2 * BATCH), accounting
-        assert accounting.seen == len(everything), accounting
 
 
 @pytest.mark.timeout(900)
