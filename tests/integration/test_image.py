@@ -194,19 +194,35 @@ def test_two_process_training_in_the_container_reads_host_nginx_and_writes_resul
     assert (results / "run" / "checkpoints" / "epoch-0000.pt").exists()
 
 
-def test_one_process_training_started_bare_in_the_container_runs_as_pid_1(podman, digit_shards, tmp_path):
-    """`docker run IMAGE train ...` without `launch`: training is the container's pid 1, with loader workers."""
+# A shell line a `pipe:` shard runs: the subshell ends at once and leaves its `sleep` to the container's pid 1.
+ORPHAN = "(sleep 0.1 &); "
+# Then, before the val shard's bytes: what runs as pid 1, and how many zombies wait for it to reap them.
+ZOMBIES = (
+    """sleep 2; echo "pid 1: $(cat /proc/1/comm); zombies: $(cat /proc/[0-9]*/stat | awk '$3 == "Z"' | wc -l)" >&2; """
+)
+
+
+def test_one_process_training_started_bare_in_the_container_has_tini_reap_what_pipe_commands_leave(
+    podman, digit_shards, tmp_path
+):
+    """`docker run IMAGE train ...` without `launch`: one rank, with loader workers, under tini as the container's
+    pid 1. Its `pipe:` shard commands leave orphans; tini reaps them, where a rank as pid 1 would keep zombies."""
     results, shards = tmp_path / "results", shutil.copytree(digit_shards, tmp_path / "shards")
     results.mkdir()
     results.chmod(0o777)  # the container's non-root user writes here, and reads the shards
     shards.chmod(0o755)
     mounts = ["-v", f"{shards}:/shards:ro", "-v", f"{results}:/results"]
-    train = ["train", "--shards", "/shards", "--run-dir", "/results/run", "--epochs", "1", "--epoch-batches", "4"]
+    train_urls = "::".join(f"pipe:{ORPHAN}cat /shards/{tar.name}" for tar in sorted(shards.glob("*train-*.tar")))
+    val_urls = "::".join(f"pipe:{ZOMBIES}cat /shards/{tar.name}" for tar in sorted(shards.glob("*val-*.tar")))
+    train = ["train", "--train-urls", train_urls, "--val-urls", val_urls, "--num-classes", "10"]
+    train += ["--train-samples", "1438", "--run-dir", "/results/run", "--epochs", "1", "--epoch-batches", "4"]
     options = [*SMALL_TRAIN, "--batch-size", "16", "--workers", "1"]
     result = run(podman, "--shm-size=1g", *mounts, IMAGE, *train, *options, check=False, timeout=600)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     metrics = read_metrics(results / "run")
     assert metrics[0]["batches_per_rank"] == [4] and metrics[0]["val_samples"] == 359
+    seen = re.findall(r"pid 1: (\S+); zombies: (\d+)", result.stderr)
+    assert seen and all(pid1 == "tini" and zombies == "0" for pid1, zombies in seen), result.stderr[-4000:]
 
 
 def make_push(podman: Podman, registry: LocalRegistry, digest_file: Path) -> subprocess.CompletedProcess:
