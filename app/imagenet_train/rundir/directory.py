@@ -1,5 +1,6 @@
 """A run's directory as the trainer uses it (`RunDirectory`): the checkpoints with the state they restore, the
-epoch records and their experiment tracker (rank 0), the mirror to --results, and the position key logs.
+epoch records and their experiment tracker (rank 0), the mirror to --results, the position key logs and the
+keys each rank read (--log-keys, `write_keys`).
 
 The key logs say which sample keys each rank fetched in each segment of an epoch, read back on a mid-epoch resume
 to skip what a checkpoint already consumed (the arithmetic is planning/position.py's). Each rank appends one line
@@ -103,6 +104,15 @@ class KeyLog:
     def close(self) -> None:
         """Close the log file."""
         self.stream.close()
+
+
+def write_keys(run_dir: Path, split: str, epoch: int, rank: int, keys: list[str], append: bool = False) -> None:
+    """Write the keys `rank` read of `split` in `epoch` to RUN_DIR/keys (the --log-keys debug record), one a line,
+    percent-encoded as the key log writes them (a tar member name may hold a newline or undecodable bytes)."""
+    folder = Path(run_dir) / "keys"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{split}-epoch{epoch:04d}-rank{rank}.txt", "a" if append else "w", encoding="ascii") as stream:
+        stream.write("".join(encode_key(key) + "\n" for key in keys))
 
 
 def logged_batches(text: str) -> list[tuple[int, list[str]]]:

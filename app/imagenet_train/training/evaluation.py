@@ -20,8 +20,9 @@ from imagenet_train.loading.batches import RunBatches
 from imagenet_train.loading.device import normalize
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.rundir import checkpoint
+from imagenet_train.rundir.directory import write_keys
 from imagenet_train.training.dist import DistInfo, all_sum, cleanup, init_distributed
-from imagenet_train.training.hooks import unsaved_on_stop, write_keys
+from imagenet_train.training.hooks import unsaved_on_stop
 from imagenet_train.training.models import architecture
 from imagenet_train.training.progress import DataWait
 from imagenet_train.training.step import PREFIX, ModelEma, amp_dtype, ema_scores

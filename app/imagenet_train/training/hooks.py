@@ -23,7 +23,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from imagenet_train import waiting
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.rundir.directory import KeyLog, encode_key
+from imagenet_train.rundir.directory import KeyLog, write_keys
 from imagenet_train.training.dist import DistInfo, all_gather_numbers
 
 
@@ -70,15 +70,6 @@ class KeysRead(StepHook):
     def end(self) -> None:
         """Write the epoch's keys (a resumed part of an epoch appends)."""
         write_keys(self.run_dir, "train", self.epoch, self.rank, self.keys, self.append)
-
-
-def write_keys(run_dir: Path, split: str, epoch: int, rank: int, keys: list[str], append: bool = False) -> None:
-    """Write the keys `rank` read of `split` in `epoch` to RUN_DIR/keys (the --log-keys debug record), one a line,
-    percent-encoded as the key log writes them (a tar member name may hold a newline or undecodable bytes)."""
-    folder = Path(run_dir) / "keys"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{split}-epoch{epoch:04d}-rank{rank}.txt", "a" if append else "w", encoding="ascii") as stream:
-        stream.write("".join(encode_key(key) + "\n" for key in keys))
 
 
 class MidEpochCheckpoint(StepHook):
