@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Train with Lightning on shards: `python examples/lightning_digits.py --shards URL --epochs 12 [train options]`.
 
-Takes the options of `imagenet-train train`; Lightning's DDP starts the other ranks by running this
+Takes the options of `imagenet-train train`, and --stop-at-top1 P to end the fit early (Lightning's
+EarlyStopping) once an epoch's validation top-1 exceeds P; Lightning's DDP starts the other ranks by running this
 script again. Rank 0 prints the final validation metrics as one JSON line. Lightning runs resampled mode only:
 with a recipe in queue or split mode (recipes/small-images.yaml is in queue mode), add `--mode resampled`.
 """
 
+import argparse
 import json
 import sys
 
@@ -16,12 +18,38 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.lightning_module import ImagenetModule, ShardDataModule, lightning
 
 
+def script_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """This script's own options, and the rest for `imagenet-train train`'s parser (whose --help follows ours)."""
+    parser = argparse.ArgumentParser(prog="lightning_digits.py", add_help=False, allow_abbrev=False)
+    parser.add_argument(
+        "--stop-at-top1",
+        type=float,
+        metavar="P",
+        help="end the fit early, before --epochs, once an epoch's validation top-1 (0-1) exceeds P "
+        "(Lightning's EarlyStopping); the run counts as done, so its TrainJob progress shows 100%%",
+    )
+    own, rest = parser.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        parser.print_help()
+        print("\nand every option of imagenet-train train:\n")
+    return own, rest
+
+
 def main() -> int:
     """Train, then print rank 0's final validation metrics; a bad option is one line and exit 2."""
+    own, options = script_options(sys.argv[1:])
     try:
-        cfg = train_config(sys.argv[1:])
+        cfg = train_config(options)
         data = ShardDataModule(cfg)
         model = ImagenetModule(cfg, data.source.num_classes)
+        callbacks = []
+        if own.stop_at_top1 is not None:
+            # A patience of the whole run: the threshold alone ends it, never a plateau of top-1.
+            threshold, patience = own.stop_at_top1, cfg.run.epochs
+            stop = lightning.pytorch.callbacks.EarlyStopping(
+                "top1", mode="max", stopping_threshold=threshold, patience=patience
+            )
+            callbacks.append(stop)
         trainer = lightning.Trainer(
             strategy="ddp",
             accelerator="cpu",
@@ -31,6 +59,7 @@ def main() -> int:
             enable_checkpointing=False,
             enable_progress_bar=False,
             num_sanity_val_steps=0,
+            callbacks=callbacks,
         )
         trainer.fit(model, datamodule=data)
     except ImagenetTrainError as error:

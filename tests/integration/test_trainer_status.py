@@ -66,15 +66,18 @@ def test_rank0_reports_rising_progress_that_reaches_100_at_the_end(digit_shards,
     assert any("estimatedRemainingSeconds" in s for s in received.statuses[:-1])
 
 
+def lightning_digits(args: list[str], url: str, pki) -> subprocess.CompletedProcess:
+    """examples/lightning_digits.py (Lightning's DDP on 2 ranks) with `args`, reporting to the stand-in at `url`."""
+    script = str(REPO / "examples" / "lightning_digits.py")
+    environment = {**os.environ, **trainer_env(url, pki), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, env=environment, timeout=600)
+
+
 def test_a_lightning_run_reports_its_progress_from_rank_0_too(digit_shards, pki, tmp_path):
     """examples/lightning_digits.py, Lightning's DDP on 2 ranks: the module brings the progress callback."""
-    script = str(REPO / "examples" / "lightning_digits.py")
     args = [*SHORT_RUN, "--mode", "resampled", "--shards", str(digit_shards), "--run-dir", str(tmp_path / "run")]
     with StatusServer(pki.cert, pki.key, TOKEN) as server:
-        environment = {**os.environ, **trainer_env(server.url, pki), "OMP_NUM_THREADS": "1"}
-        result = subprocess.run(
-            [sys.executable, script, *args], capture_output=True, text=True, env=environment, timeout=600
-        )
+        result = lightning_digits(args, server.url, pki)
     assert result.returncode == 0, result.stderr[-3000:]
     received = server.received
     assert received.problems == []
@@ -88,6 +91,28 @@ def test_a_lightning_run_reports_its_progress_from_rank_0_too(digit_shards, pki,
     assert metrics["epoch"] == 1 and metrics["top1"] == pytest.approx(last["top1"], rel=1e-5)
     assert metrics["val_loss"] == pytest.approx(last["val_loss"], rel=1e-5)
     assert metrics["loss"] > 0 and metrics["img_per_s"] > 0
+
+
+def test_a_lightning_run_stopped_early_ends_at_100_posted_once(digit_shards, pki, tmp_path):
+    """Lightning's EarlyStopping ends the 2-epoch run after its first (any top-1 exceeds 0): a fit that ended well
+    is done, so rank 0 posts 100 once more after that epoch's 50, with that epoch's metrics."""
+    args = [*SHORT_RUN, "--mode", "resampled", "--shards", str(digit_shards), "--run-dir", str(tmp_path / "run")]
+    with StatusServer(pki.cert, pki.key, TOKEN) as server:
+        result = lightning_digits([*args, "--stop-at-top1", "0"], server.url, pki)
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = json.loads(result.stdout.strip().splitlines()[-1])  # rank 0's last validation, as the script prints it
+    assert last["epoch"] == 0  # stopped early: the schedule's last epoch (1) never ran
+    received = server.received
+    assert received.problems == []
+    percentages = received.percentages()
+    # The epoch's 50 may be replaced by the 100 before it goes out (the poster keeps the newest), so only "below".
+    assert len(percentages) >= 2 and percentages == sorted(percentages), percentages
+    assert percentages[-1] == 100 and percentages.count(100) == 1 and percentages[-2] <= 50, percentages
+    final = received.statuses[-1]
+    assert final["estimatedRemainingSeconds"] == 0
+    metrics = {m["name"]: float(m["value"]) for m in final["metrics"]}
+    assert metrics["epoch"] == 0 and metrics["top1"] == pytest.approx(last["top1"], rel=1e-5)
+    assert metrics["val_loss"] == pytest.approx(last["val_loss"], rel=1e-5) and metrics["img_per_s"] > 0
 
 
 def test_a_failing_endpoint_leaves_a_ddp_run_alone_and_is_logged_once(digit_shards, pki, tmp_path, monkeypatch):

@@ -116,8 +116,9 @@ class ShardDataModule(lightning.LightningDataModule):
 
 class TrainJobProgress(lightning.Callback):
     """The TrainJob's progress (Kubeflow Trainer's status endpoint), posted by rank 0 as `train` posts it
-    (training/progress.py): after steps, at most every few seconds, and at each epoch's end with its loss and
-    validation scores; nothing without the Trainer's variables. ImagenetModule brings it to every Trainer."""
+    (training/progress.py): after steps, at most every few seconds, at each epoch's end with its loss and
+    validation scores, and 100% once fit ends well, early or not; nothing without the Trainer's variables.
+    ImagenetModule brings it to every Trainer."""
 
     def __init__(self) -> None:
         self.run: RunProgress | None = None
@@ -149,6 +150,11 @@ class TrainJobProgress(lightning.Callback):
         if elapsed > 0:
             record["samples_per_s"] = module.schedule.epoch_batches(epoch) * module.schedule.global_batch / elapsed
         self.run.epoch_end(epoch, record)
+
+    def on_fit_end(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
+        """A fit that ended well is done even before its last epoch (EarlyStopping, max_time, max_steps): post 100%
+        unless that epoch's end did. Lightning calls this only when fit returns, never after an exception."""
+        self.run.end()
 
 
 class ImagenetModule(lightning.LightningModule):

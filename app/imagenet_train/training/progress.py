@@ -261,8 +261,11 @@ class RunProgress:
         self.total, self.interval, self.epochs = schedule.total, schedule.interval, schedule.epochs
         self.global_batch = schedule.global_batch
         self.metrics: dict[str, float] = {}  # the last finished epoch's
+        self.epoch_rate: float | None = None  # and its images per second
         self.first: tuple[float, int] | None = None  # (time, steps done) at this process's first report
+        self.steps = 0  # steps per rank done at the last report
         self.last_post = -math.inf
+        self.ended = False  # 100% was posted: a run that reaches its last epoch and then ends must not post it twice
 
     @classmethod
     def of(cls, schedule: Schedule, is_main: bool, env: Mapping[str, str] = os.environ) -> RunProgress:
@@ -284,7 +287,7 @@ class RunProgress:
         """Post the progress after `done` steps, unless one was posted less than PERIOD_S ago (`force`: post);
         `rate`: the current images per second, when measured."""
         now = time.monotonic()
-        self.first = self.first or (now, done)
+        self.first, self.steps = self.first or (now, done), done
         if self.poster is None or not (final or force or now - self.last_post >= PERIOD_S):
             return
         self.last_post = now
@@ -302,9 +305,22 @@ class RunProgress:
             return
         keys = {"epoch": "epoch", "train_loss": "loss", "top1": "top1", "val_loss": "val_loss"}
         self.metrics = {name: record[key] for key, name in keys.items() if key in record}
-        final = epoch + 1 >= self.epochs
-        self.report(self.done(epoch + 1, 0), record.get("samples_per_s"), final=final, force=True)
-        if final and not self.poster.drain(FINAL_WAIT_S):
+        self.epoch_rate = record.get("samples_per_s")
+        if epoch + 1 >= self.epochs:
+            self.steps = self.done(epoch + 1, 0)
+            self.end()
+        else:
+            self.report(self.done(epoch + 1, 0), self.epoch_rate, force=True)
+
+    def end(self) -> None:
+        """The run has ended well, at its last epoch or before it (early stopping, a time or step limit): post 100%
+        with the last epoch's metrics unless that was done, and wait for it (FINAL_WAIT_S at most). Never call
+        it for a run that failed or was stopped to resume: 100% tells the TrainJob's watchers the run is done."""
+        if self.poster is None or self.ended:
+            return
+        self.ended = True
+        self.report(self.steps, self.epoch_rate, final=True)
+        if not self.poster.drain(FINAL_WAIT_S):
             log.warning("trainer status: the final report was not posted within %gs", FINAL_WAIT_S)
 
 
