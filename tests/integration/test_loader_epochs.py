@@ -302,8 +302,8 @@ def test_a_rank_killed_outright_takes_its_forkserver_and_workers_with_it(digit_s
     os.geteuid() != 0 or not shutil.which("unshare"), reason="a PID namespace needs root and util-linux's unshare"
 )
 def test_a_loader_in_a_process_with_pid_1_reads_its_epoch(digit_shards):
-    """A container's entrypoint runs as pid 1 (`podman run IMAGE train`): its forkserver's parent is pid 1 and
-    alive, which must not read as the parent having died before the death signal was set up."""
+    """A rank as its container's pid 1 (an image without an init, `--entrypoint imagenet-train`): its forkserver's
+    parent is pid 1 and alive, which must not read as the parent having died before the death signal was set up."""
     script = (
         "import os\n"
         "from imagenet_train.datasets.source import resolve_source\n"

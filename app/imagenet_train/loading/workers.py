@@ -90,8 +90,8 @@ def die_with_parent(parent: int | None = None) -> None:
     if sys.platform.startswith("linux"):
         import ctypes
 
-        # Compared with the parent's pid, not with pid 1: in a container the rank itself is often pid 1
-        # (`podman run IMAGE train`), and an orphan goes to the nearest subreaper anyway.
+        # Compared with the parent's pid, not with pid 1: in a container without an init the rank itself is
+        # pid 1 (`--entrypoint imagenet-train`), and an orphan goes to the nearest subreaper anyway.
         expected = os.getppid() if parent is None else parent
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
