@@ -9,6 +9,7 @@ with a recipe in queue or split mode (recipes/small-images.yaml is in queue mode
 
 import argparse
 import json
+import signal
 import sys
 
 from imagenet_train.commands.train_cmd import train_config
@@ -18,12 +19,25 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.lightning_module import ImagenetModule, ShardDataModule, lightning
 
 
+def top1_threshold(text: str) -> float:
+    """--stop-at-top1's value: a top-1 that an epoch can exceed, from 0 up to (not including) 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a top-1 from 0 up to 1 (not included), got '{text[:40]}'")
+    return value
+
+
 def script_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """This script's own options, and the rest for `imagenet-train train`'s parser (whose --help follows ours)."""
-    parser = argparse.ArgumentParser(prog="lightning_digits.py", add_help=False, allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="lightning_digits.py", add_help=False, allow_abbrev=False, exit_on_error=False
+    )
     parser.add_argument(
         "--stop-at-top1",
-        type=float,
+        type=top1_threshold,
         metavar="P",
         help="end the fit early, before --epochs, once an epoch's validation top-1 (0-1) exceeds P "
         "(Lightning's EarlyStopping); the run counts as done, so its TrainJob progress shows 100%%",
@@ -37,7 +51,11 @@ def script_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main() -> int:
     """Train, then print rank 0's final validation metrics; a bad option is one line and exit 2."""
-    own, options = script_options(sys.argv[1:])
+    try:
+        own, options = script_options(sys.argv[1:])
+    except argparse.ArgumentError as error:
+        print(f"lightning_digits: error: {str(error).removeprefix('argument ')}", file=sys.stderr)
+        return 2
     try:
         cfg = train_config(options)
         data = ShardDataModule(cfg)
@@ -65,6 +83,11 @@ def main() -> int:
     except ImagenetTrainError as error:
         print(f"lightning_digits: error: {error}", file=sys.stderr)
         return 2
+    except lightning.pytorch.utilities.exceptions.SIGTERMException:
+        # Lightning ends a fit stopped by SIGTERM with a bare SystemExit, status 0, which a Job or TrainJob would
+        # count as success; 128 + 15, as `imagenet-train train` exits, reads as pre-empted.
+        print("lightning_digits: stopped by SIGTERM (pre-empted): the fit did not finish", file=sys.stderr)
+        return 128 + signal.SIGTERM
     if trainer.is_global_zero:
         print(json.dumps(model.history[-1]), flush=True)
     return 0

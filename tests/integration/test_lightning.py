@@ -79,6 +79,20 @@ def test_the_example_with_a_queue_mode_recipe_is_one_line_naming_the_fix(digit_s
     ]
 
 
+@pytest.mark.parametrize("value", ["1", "-0.1", "high"])
+def test_the_examples_stop_threshold_out_of_range_is_one_line_naming_the_flag(digit_shards, value):
+    """--stop-at-top1 P: a top-1 an epoch can exceed (0 <= P < 1); 1 would never stop, a negative value at once."""
+    script = str(REPO / "examples" / "lightning_digits.py")
+    result = subprocess.run(
+        [sys.executable, script, "--shards", str(digit_shards), "--stop-at-top1", value],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"lightning_digits: error: --stop-at-top1: expected a top-1 from 0 up to 1 (not included), got '{value}'"
+    ]
+
+
 def test_recipe_settings_lightning_does_not_apply_are_refused_not_ignored(digit_shards):
     from imagenet_train.launchers.lightning_module import ShardDataModule
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -113,6 +114,28 @@ def test_a_lightning_run_stopped_early_ends_at_100_posted_once(digit_shards, pki
     metrics = {m["name"]: float(m["value"]) for m in final["metrics"]}
     assert metrics["epoch"] == 0 and metrics["top1"] == pytest.approx(last["top1"], rel=1e-5)
     assert metrics["val_loss"] == pytest.approx(last["val_loss"], rel=1e-5) and metrics["img_per_s"] > 0
+
+
+def test_a_lightning_run_stopped_by_sigterm_exits_143_and_never_posts_100(digit_shards, pki, tmp_path):
+    """Lightning ends a fit that SIGTERM stopped with a bare SystemExit, status 0: a success to a Job or TrainJob.
+    The example exits 128 + 15 as `train` does, in one line, and the TrainJob's progress never reads 100."""
+    script = str(REPO / "examples" / "lightning_digits.py")
+    args = [*SMALL_TRAIN, "--epochs", "40", "--epoch-batches", "8", "--mode", "resampled"]
+    args += ["--shards", str(digit_shards), "--run-dir", str(tmp_path / "run")]
+    with StatusServer(pki.cert, pki.key, TOKEN) as server:
+        environment = {**os.environ, **trainer_env(server.url, pki), "OMP_NUM_THREADS": "1"}
+        process = subprocess.Popen(
+            [sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+        )
+        deadline = time.monotonic() + 300
+        while not server.received.percentages() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # until rank 0 has posted after a step: the fit is under way
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 143, (stdout[-2000:], stderr[-4000:])
+    assert "lightning_digits: stopped by SIGTERM (pre-empted)" in stderr and "Traceback" not in stderr, stderr[-4000:]
+    percentages = server.received.percentages()
+    assert percentages and max(percentages) < 100, percentages
 
 
 def test_a_failing_endpoint_leaves_a_ddp_run_alone_and_is_logged_once(digit_shards, pki, tmp_path, monkeypatch):

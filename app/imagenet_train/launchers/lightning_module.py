@@ -123,7 +123,7 @@ class TrainJobProgress(lightning.Callback):
     def __init__(self) -> None:
         self.run: RunProgress | None = None
         self.epoch: StepHook = StepHook()
-        self.started = 0.0
+        self.started, self.batches = 0.0, 0  # when this epoch started here, and the batches it has run since
 
     def on_fit_start(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
         """Rank 0 finds the endpoint (the schedule gives the run's length in steps)."""
@@ -131,12 +131,13 @@ class TrainJobProgress(lightning.Callback):
 
     def on_train_epoch_start(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
         """This epoch's share of the report."""
-        self.epoch, self.started = self.run.at(trainer.current_epoch), time.monotonic()
+        self.epoch, self.started, self.batches = self.run.at(trainer.current_epoch), time.monotonic(), 0
 
     def on_train_batch_end(
         self, trainer: lightning.Trainer, module: ImagenetModule, outputs: object, batch: object, index: int
     ) -> None:
         """Report the steps done (when due)."""
+        self.batches += 1
         self.epoch.after_step(index + 1)
 
     def on_train_epoch_end(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
@@ -147,8 +148,8 @@ class TrainJobProgress(lightning.Callback):
         if module.history and module.history[-1]["epoch"] == epoch:
             record.update(module.history[-1])
         elapsed = time.monotonic() - self.started
-        if elapsed > 0:
-            record["samples_per_s"] = module.schedule.epoch_batches(epoch) * module.schedule.global_batch / elapsed
+        if elapsed > 0:  # the batches run, not the epoch's: max_steps or max_time may end it part way
+            record["samples_per_s"] = self.batches * module.schedule.global_batch / elapsed
         self.run.epoch_end(epoch, record)
 
     def on_fit_end(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
