@@ -64,15 +64,17 @@ def test_uneven_modes_are_refused_under_lightning_naming_what_works(digit_shards
     )
 
 
-def test_the_example_with_a_queue_mode_recipe_is_one_line_naming_the_fix(digit_shards):
+def refusal(*args: str) -> list[str]:
+    """examples/lightning_digits.py refusing `args`: its exit code must be 2; its stderr's lines."""
     script = str(REPO / "examples" / "lightning_digits.py")
-    recipe = str(REPO / "recipes" / "small-images.yaml")
-    result = subprocess.run(
-        [sys.executable, script, "--shards", str(digit_shards), "--config", recipe],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines() == [
+    return result.stderr.strip().splitlines()
+
+
+def test_the_example_with_a_queue_mode_recipe_is_one_line_naming_the_fix(digit_shards):
+    recipe = str(REPO / "recipes" / "small-images.yaml")
+    assert refusal("--shards", str(digit_shards), "--config", recipe) == [
         "lightning_digits: error: --mode queue: cannot run under Lightning (its uneven batches per rank need Join, "
         "which Lightning's loop does not run); use --mode resampled with Lightning, or `imagenet-train train` for "
         "--mode queue"
@@ -82,13 +84,7 @@ def test_the_example_with_a_queue_mode_recipe_is_one_line_naming_the_fix(digit_s
 @pytest.mark.parametrize("value", ["1", "-0.1", "high"])
 def test_the_examples_stop_threshold_out_of_range_is_one_line_naming_the_flag(digit_shards, value):
     """--stop-at-top1 P: a top-1 an epoch can exceed (0 <= P < 1); 1 would never stop, a negative value at once."""
-    script = str(REPO / "examples" / "lightning_digits.py")
-    result = subprocess.run(
-        [sys.executable, script, "--shards", str(digit_shards), "--stop-at-top1", value],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines() == [
+    assert refusal("--shards", str(digit_shards), "--stop-at-top1", value) == [
         f"lightning_digits: error: --stop-at-top1: expected a top-1 from 0 up to 1 (not included), got '{value}'"
     ]
 
