@@ -60,3 +60,25 @@ def test_its_step_runner_stops_on_sigterm_resumes_and_evaluates_on_cpu(tmp_path)
     assert text.startswith("# Benchmarks\n\nintro\n") and "## Someone else's section\n\nkept\n" in text
     assert "## make gpu-check" in text and "| sigterm-resume | passed |" in text and "| evaluate | passed |" in text
     assert "CPU only (--device cpu)" in text
+    left_out = [name for name in CHECKS if name not in ("sigterm-resume", "evaluate")]
+    assert f"Left out by `--checks`, so not measured here: {', '.join(left_out)}." in text
+
+
+def test_the_cuda_tests_collected_from_the_modules_that_mark_one_are_every_cuda_test_of_the_suite():
+    """gpu_check collects only the modules that mark a `cuda` test (a GPU machine set up for training need not
+    have every test's dependencies, such as moto or the emulators), and misses none of the suite's."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_check as script
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    def cuda_ids(*paths: str) -> set[str]:
+        command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "cuda"]
+        listed = subprocess.run([*command, *paths], capture_output=True, text=True, cwd=REPO, timeout=300).stdout
+        return {line for line in listed.splitlines() if "::" in line}
+
+    files = script.cuda_test_files()
+    assert 0 < len(files) < len(list((REPO / "tests").rglob("test_*.py")))
+    whole = cuda_ids("tests")
+    assert whole and cuda_ids(*files) == whole
