@@ -2,6 +2,9 @@
 
 import http.server
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 
@@ -254,3 +257,55 @@ def test_a_pipe_command_that_runs_on_after_its_output_ended_is_cut_off(monkeypat
     with stream, pytest.raises(CommandFailed, match="the command still ran 1 s after its output ended"):
         stream.read()
     assert _group_gone(group)
+
+
+def test_a_pipe_command_dies_with_the_process_that_reads_it_even_one_that_writes_nothing():
+    """A loader worker killed outright (OOM killer, SIGKILL) cannot close its streams; a command that writes
+    nothing more (a stalled download) would never meet the SIGPIPE that ends the others."""
+    reader = subprocess.Popen(
+        [sys.executable, "-c", _READER, "pipe:printf x; sleep 600 | cat"], stdout=subprocess.PIPE, text=True
+    )
+    group = int(reader.stdout.readline())
+    assert reader.stdout.readline() == "read x\n"  # the command runs, and has written all it will write
+    reader.kill()
+    reader.wait()
+    assert _group_gone(group), _processes_of(group)
+
+
+def _processes_of(pgid: int) -> list[str]:
+    listed = subprocess.run(["ps", "-e", "-o", "pgid=,pid=,stat=,args="], capture_output=True, text=True).stdout
+    return [line for line in listed.splitlines() if line.split()[0] == str(pgid)]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="a PID namespace needs root and util-linux's unshare"
+)
+def test_pipe_commands_read_to_their_end_or_closed_early_leave_no_zombie_to_a_reader_that_is_pid_1():
+    """A rank as its container's pid 1 (an image without an init) reaps only what it started: the command's own
+    shell reaps the command and its watcher, whichever way the stream ends."""
+    script = (
+        "import glob, os\n"
+        "from imagenet_train.io import storage\n"
+        "assert os.getpid() == 1\n"
+        "for _ in range(5):\n"
+        "    with storage.open_stream('pipe:printf abc') as stream:\n"
+        "        assert stream.read() == b'abc'\n"
+        "    with storage.open_stream('pipe:yes') as stream:\n"
+        "        stream.read(10)\n"
+        "states = [open(p).read().rsplit(')', 1)[1].split()[0] for p in glob.glob('/proc/[0-9]*/stat')]\n"
+        "print(len(states), states.count('Z'))\n"
+    )
+    command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["1", "0"]  # the reader alone, and no zombie
+
+
+_READER = """
+import sys
+from imagenet_train.io import storage
+stream = storage.open_stream(sys.argv[1])
+print(stream.raw.process.pid, flush=True)
+print("read", stream.read(1).decode(), flush=True)
+stream.read()
+"""

@@ -5,7 +5,8 @@ The command's exit status is read when its output has been read to the end, so a
 a short shard; one that fails after the tar's end-of-archive marker (which the tar reader stops at) is named in
 a warning when the stream closes. A stream closed before the command's end (a resampled epoch that ends inside
 the shard) ends the command: a command still writing dies of SIGPIPE and its shell reaps it; one that writes
-nothing more is killed with its whole process group after CLOSE_WAIT_S.
+nothing more is killed with its whole process group after CLOSE_WAIT_S. A reader that dies without closing
+(a loader worker killed outright) takes the command's process group with it (see WATCHED).
 """
 
 from __future__ import annotations
@@ -23,6 +24,27 @@ log = logging.getLogger(__name__)
 
 EXIT_WAIT_S = 30.0  # how long a command may run on once its output has ended
 CLOSE_WAIT_S = 5.0  # how long a command closed early has to end by itself (SIGPIPE) before it is killed
+
+# The command ($1) runs under a shell of its own inside a process group of its own, beside a watcher. The
+# watcher reads a pipe whose only writer is the reader's process; at its end (the reader died, even by SIGKILL,
+# without closing the stream) it kills the group: the command, its children and itself. Without it a command
+# that writes nothing more (a stalled download) outlives a killed reader, as only a write meets the SIGPIPE.
+# The outer shell gives the command its output and keeps none (so the output ends when the command's does),
+# reaps it and the watcher (no zombie for a rank that is pid 1), and exits with the command's status.
+# Not PR_SET_PDEATHSIG: that reaches the shell alone, through a signal a loader worker ignores (which the shell
+# then cannot trap), and fires when the thread that started the command ends.
+WATCHED = """exec 9<&0 </dev/null
+{ read -r _ <&9; kill -KILL 0; } >/dev/null 2>&1 &
+watcher=$!
+exec 9<&-
+/bin/sh -c "$1" &
+command=$!
+exec >/dev/null
+wait $command 2>/dev/null
+status=$?
+kill -KILL $watcher
+wait $watcher 2>/dev/null
+exit $status"""
 
 
 class CommandFailed(ImagenetTrainError):
@@ -53,7 +75,20 @@ class CommandStream(io.RawIOBase):
     def __init__(self, location: str):
         self.location = location
         command = location.removeprefix("pipe:")
-        self.process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=0, process_group=0)
+        watched, self.lifeline = os.pipe()  # this process's death closes the lifeline: see WATCHED
+        try:
+            self.process = subprocess.Popen(
+                ["/bin/sh", "-c", WATCHED, "sh", command],
+                stdin=watched,
+                stdout=subprocess.PIPE,
+                bufsize=0,
+                process_group=0,
+            )
+        except BaseException:
+            os.close(self.lifeline)
+            raise
+        finally:
+            os.close(watched)
         self.exit_read = False  # the exit status was read at the output's end (and raised if it was a failure)
 
     def readable(self) -> bool:
@@ -102,4 +137,5 @@ class CommandStream(io.RawIOBase):
                 self.process.wait(CLOSE_WAIT_S)
             except subprocess.TimeoutExpired:
                 self._kill()
+        os.close(self.lifeline)  # the watcher has ended with the command (or was killed with its group)
         super().close()
