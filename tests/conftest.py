@@ -170,6 +170,17 @@ def child_pids(pid: int) -> list[int]:
     return sorted(found)
 
 
+needs_pid_namespace = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="a PID namespace needs root and util-linux's unshare"
+)
+
+
+def as_pid_1(script: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run a Python `script` as pid 1 of a new PID namespace, as a rank is in an image without an init."""
+    command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

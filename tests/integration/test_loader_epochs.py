@@ -3,7 +3,6 @@
 import hashlib
 import io
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from imagenet_train.loading.stages import ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.planning import plan
 
-from conftest import jpeg_bytes
+from conftest import as_pid_1, jpeg_bytes, needs_pid_namespace
 
 
 def stream(urls, rank=0, world=1, batch=16, resampled=False, **kw):
@@ -298,9 +297,7 @@ def test_a_rank_killed_outright_takes_its_forkserver_and_workers_with_it(digit_s
     assert not [pid for pid in helpers if _alive(pid)], "loader processes outlived their rank"
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("unshare"), reason="a PID namespace needs root and util-linux's unshare"
-)
+@needs_pid_namespace
 def test_a_loader_in_a_process_with_pid_1_reads_its_epoch(digit_shards):
     """A rank as its container's pid 1 (an image without an init, `--entrypoint imagenet-train`): its forkserver's
     parent is pid 1 and alive, which must not read as the parent having died before the death signal was set up."""
@@ -316,8 +313,7 @@ def test_a_loader_in_a_process_with_pid_1_reads_its_epoch(digit_shards):
         "print(sum(len(labels) for _, labels, _ in loader), flush=True)\n"
         "loader.close()\n"
     )
-    command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    result = as_pid_1(script)
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout) == 1438  # every sample of the epoch
 

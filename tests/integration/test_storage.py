@@ -2,7 +2,6 @@
 
 import http.server
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -14,6 +13,8 @@ from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import pipe, storage
 from imagenet_train.io.pipe import CommandFailed
 from imagenet_train.ops.serve import free_port
+
+from conftest import as_pid_1, needs_pid_namespace
 
 
 def test_http_read_from_nginx_is_byte_identical(shard_server, digit_shards):
@@ -277,9 +278,7 @@ def _processes_of(pgid: int) -> list[str]:
     return [line for line in listed.splitlines() if line.split()[0] == str(pgid)]
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("unshare"), reason="a PID namespace needs root and util-linux's unshare"
-)
+@needs_pid_namespace
 def test_pipe_commands_read_to_their_end_or_closed_early_leave_no_zombie_to_a_reader_that_is_pid_1():
     """A rank as its container's pid 1 (an image without an init) reaps only what it started: the command's own
     shell reaps the command and its watcher, whichever way the stream ends."""
@@ -295,8 +294,7 @@ def test_pipe_commands_read_to_their_end_or_closed_early_leave_no_zombie_to_a_re
         "states = [open(p).read().rsplit(')', 1)[1].split()[0] for p in glob.glob('/proc/[0-9]*/stat')]\n"
         "print(len(states), states.count('Z'))\n"
     )
-    command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    result = as_pid_1(script, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["1", "0"]  # the reader alone, and no zombie
 
