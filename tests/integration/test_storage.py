@@ -279,18 +279,24 @@ def _processes_of(pgid: int) -> list[str]:
 
 
 @needs_pid_namespace
-def test_pipe_commands_read_to_their_end_or_closed_early_leave_no_zombie_to_a_reader_that_is_pid_1():
-    """A rank as its container's pid 1 (an image without an init) reaps only what it started: the command's own
-    shell reaps the command and its watcher, whichever way the stream ends."""
+def test_pipe_commands_ended_any_way_leave_no_zombie_to_a_reader_that_is_pid_1():
+    """A rank as its container's pid 1 (an image without an init) reaps what is left to it: a command read to its
+    end or closed early is reaped by its own shell, one killed (closed early or run on past its output) with its
+    whole group by the reader."""
     script = (
-        "import glob, os\n"
-        "from imagenet_train.io import storage\n"
+        "import contextlib, glob, os\n"
+        "from imagenet_train.io import pipe, storage\n"
         "assert os.getpid() == 1\n"
-        "for _ in range(5):\n"
+        "pipe.CLOSE_WAIT_S = pipe.EXIT_WAIT_S = 0.5\n"
+        "for _ in range(3):\n"
         "    with storage.open_stream('pipe:printf abc') as stream:\n"
         "        assert stream.read() == b'abc'\n"
         "    with storage.open_stream('pipe:yes') as stream:\n"
         "        stream.read(10)\n"
+        "    with storage.open_stream('pipe:printf x; sleep 600 | cat') as stream:\n"
+        "        stream.read(1)\n"
+        "    with contextlib.suppress(pipe.CommandFailed), storage.open_stream('pipe:exec >&-; sleep 600') as stream:\n"
+        "        stream.read()\n"
         "states = [open(p).read().rsplit(')', 1)[1].split()[0] for p in glob.glob('/proc/[0-9]*/stat')]\n"
         "print(len(states), states.count('Z'))\n"
     )

@@ -30,7 +30,10 @@ CLOSE_WAIT_S = 5.0  # how long a command closed early has to end by itself (SIGP
 # without closing the stream) it kills the group: the command, its children and itself. Without it a command
 # that writes nothing more (a stalled download) outlives a killed reader, as only a write meets the SIGPIPE.
 # The outer shell gives the command its output and keeps none (so the output ends when the command's does),
-# reaps it and the watcher (no zombie for a rank that is pid 1), and exits with the command's status.
+# reaps it and the watcher (no zombie for a rank that is pid 1), and exits with the command's status; its own
+# stderr goes too (bash reports the watcher it killed there). As an asynchronous list, the command starts with
+# SIGINT and SIGQUIT ignored (POSIX), which only a signal sent to the command itself would notice. What the
+# command moves out of the group (setsid), or leaves running after its own shell has exited, is not watched.
 # Not PR_SET_PDEATHSIG: that reaches the shell alone, through a signal a loader worker ignores (which the shell
 # then cannot trap), and fires when the thread that started the command ends.
 WATCHED = """exec 9<&0 </dev/null
@@ -39,11 +42,11 @@ watcher=$!
 exec 9<&-
 /bin/sh -c "$1" &
 command=$!
-exec >/dev/null
-wait $command 2>/dev/null
+exec >/dev/null 2>&1
+wait $command
 status=$?
 kill -KILL $watcher
-wait $watcher 2>/dev/null
+wait $watcher
 exit $status"""
 
 
@@ -117,11 +120,14 @@ class CommandStream(io.RawIOBase):
 
     def _kill(self) -> None:
         """Kill the command's process group and reap the shell. KILL, not TERM: the loader's workers block and
-        ignore the stop signals (loading/loader_signals.py), and a command inherits both. What the shell started
-        goes to the nearest reaper."""
+        ignore the stop signals (loading/loader_signals.py), and a command inherits both. The rest of the group
+        goes to the nearest reaper: where that is this reader (a rank that is pid 1), it is reaped here."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        with contextlib.suppress(ChildProcessError):
+            while True:
+                os.waitpid(-self.process.pid, 0)
 
     def close(self) -> None:
         """Close the output and see the command end: a failure nobody read to is a warning; a command that
