@@ -252,20 +252,19 @@ def gpu_name(device: str) -> str:
 
 def section(report: dict) -> list[str]:
     """The page's section: the command, the machine, each check's figures and P6's."""
+    left_out = report.get("left_out", [])
+    unmeasured = f" Left out by `--checks`, so not measured here: {', '.join(left_out)}." if left_out else ""
     lines = [
         HEADING,
         "",
         f"Measured {report['date']} by `{report['command']}` in {report['seconds']:.0f} s on {report['gpu']}, "
         f"host {report['machine']}, torch {report['torch']}, at {report['revision']}. Each check trains "
         f"{report['arch']} through the real CLI for 3 epochs of {report['steps'] // 3} batches of "
-        f"{report['batch_size']} ({report['workers']} loader workers); raw figures: `{report['results']}`.",
+        f"{report['batch_size']} ({report['workers']} loader workers); raw figures: `{report['results']}`.{unmeasured}",
         "",
         "| check | result | seconds | last train loss | top-1 | img/s | crop sizes | notes |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    left_out = report.get("left_out", [])
-    if left_out:
-        lines[2] += f" Left out by `--checks`, so not measured here: {', '.join(left_out)}."
     for name, found in report["checks"].items():
         notes = found.get("error") or "; ".join(
             f"{key} {found[key]}"
