@@ -55,7 +55,9 @@ def test_its_step_runner_stops_on_sigterm_resumes_and_evaluates_on_cpu(tmp_path)
     stopped = checks["sigterm-resume"]
     assert stopped["ok"] and stopped["crop_sizes"] == [32, 32, 32]
     assert stopped["stopped_at"].startswith("epoch 0 step ")  # inside the first epoch, not at its end
-    assert checks["evaluate"]["ok"] and checks["evaluate"]["top1"] == checks["evaluate"]["top1_in_training"]
+    evaluated = checks["evaluate"]
+    assert evaluated["ok"] and evaluated["top1"] == evaluated["top1_in_training"]  # on the CPU, to the bit
+    assert evaluated["val_loss"] == evaluated["val_loss_in_training"]
     text = page.read_text()
     assert text.startswith("# Benchmarks\n\nintro\n") and "## Someone else's section\n\nkept\n" in text
     assert "## make gpu-check" in text and "| sigterm-resume | passed |" in text and "| evaluate | passed |" in text
@@ -64,14 +66,32 @@ def test_its_step_runner_stops_on_sigterm_resumes_and_evaluates_on_cpu(tmp_path)
     assert f"Left out by `--checks`, so not measured here: {', '.join(left_out)}." in text
 
 
-def test_the_cuda_tests_collected_from_the_modules_that_mark_one_are_every_cuda_test_of_the_suite():
-    """gpu_check collects only the modules that mark a `cuda` test (a GPU machine set up for training need not
-    have every test's dependencies, such as moto or the emulators), and misses none of the suite's."""
+def script_module():
     sys.path.insert(0, str(SCRIPT.parent))
     try:
         import gpu_check as script
     finally:
         sys.path.remove(str(SCRIPT.parent))
+    return script
+
+
+def test_evaluate_may_differ_from_training_by_a_near_tie_flipped_under_bf16_and_no_more():
+    """On an H100 `imagenet-train evaluate` scored one val image of 128 otherwise than training had (bf16, each
+    process its own cudnn kernels); a wrong crop or weights file moves the loss, and more than a tie or two."""
+    same_scores = script_module().same_scores
+    trained = {"top1": 0.2421875, "val_loss": 1.8305}
+    assert same_scores({"top1": 0.2421875, "val_loss": 1.8305, "val_samples": 128}, trained)
+    assert same_scores({"top1": 0.234375, "val_loss": 1.8311, "val_samples": 128}, trained)  # one image flipped
+    assert not same_scores({"top1": 0.2421875, "val_loss": 1.9, "val_samples": 128}, trained)  # 4 % off
+    assert not same_scores({"top1": 0.21875, "val_loss": 1.8305, "val_samples": 128}, trained)  # 3 images
+    assert same_scores({"top1": 0.5, "val_loss": 1.0, "val_samples": 50_000}, {"top1": 0.5008, "val_loss": 1.0})
+    assert not same_scores({"top1": 0.2421875, "val_samples": 128}, trained)  # no loss: not compared, a failure
+
+
+def test_the_cuda_tests_collected_from_the_modules_that_mark_one_are_every_cuda_test_of_the_suite():
+    """gpu_check collects only the modules that mark a `cuda` test (a GPU machine set up for training need not
+    have every test's dependencies, such as moto or the emulators), and misses none of the suite's."""
+    script = script_module()
 
     def cuda_ids(*paths: str) -> set[str]:
         command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "cuda"]
