@@ -18,6 +18,7 @@ import torch
 from imagenet_train.config import Config
 from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import resolve_source
+from imagenet_train.main.train import run_parts
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.loop import Trainer
 
@@ -32,7 +33,8 @@ def trainer_for(args: argparse.Namespace, batches: int) -> Trainer:
     cfg.run.run_dir = tempfile.mkdtemp(prefix="bench-gpu-")
     info = DistInfo(rank=0, world=1, local_rank=0, device=torch.device("cuda", 0))
     torch.cuda.set_device(0)
-    return Trainer(checked(cfg), info, resolve_source(args.shards, num_classes=1000))
+    cfg = checked(cfg)
+    return Trainer(cfg, info, resolve_source(args.shards, num_classes=1000), run_parts(cfg, info))
 
 
 def timed(trainer: Trainer, batches, steps: int, warmup: int, sync_check: bool = False) -> dict:

@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from imagenet_train.compat import ensure_torchvision
+from imagenet_train.imagenet_stats import IMAGENET_MEAN, IMAGENET_STD
 from imagenet_train.loading.dali import available as dali_available
-from imagenet_train.loading.device import IMAGENET_MEAN, IMAGENET_STD, normalize
 from imagenet_train.loading.presets import TrainPreset
+from imagenet_train.training.batch_input import normalize
 
 try:
     from imagenet_train.datasets.source import resolve_source

@@ -35,17 +35,25 @@ except ImportError:
 try:  # this tree's layout by concern
     from imagenet_train.datasets.source import resolve_source
     from imagenet_train.loading.stream import EpochLoader
+    from imagenet_train.main.train import run_parts
     from imagenet_train.training.dist import DistInfo
     from imagenet_train.training.loop import Trainer
 except ImportError:
-    try:  # the layout by concern before the loader was split (loading/pipeline.py)
-        from imagenet_train.loading.pipeline import EpochLoader, resolve_source
+    run_parts = None  # the trees before main/: the trainer built its batches and run directory itself
+    try:  # the layout by concern before main/
+        from imagenet_train.datasets.source import resolve_source
+        from imagenet_train.loading.stream import EpochLoader
         from imagenet_train.training.dist import DistInfo
         from imagenet_train.training.loop import Trainer
-    except ImportError:  # the flat layout of the "before" ref bench/epochs.py also measures
-        from imagenet_train.data import EpochLoader, resolve_source
-        from imagenet_train.dist import DistInfo
-        from imagenet_train.train import Trainer
+    except ImportError:
+        try:  # the layout by concern before the loader was split (loading/pipeline.py)
+            from imagenet_train.loading.pipeline import EpochLoader, resolve_source
+            from imagenet_train.training.dist import DistInfo
+            from imagenet_train.training.loop import Trainer
+        except ImportError:  # the flat layout of the "before" ref bench/epochs.py also measures
+            from imagenet_train.data import EpochLoader, resolve_source
+            from imagenet_train.dist import DistInfo
+            from imagenet_train.train import Trainer
 
 
 class Spans:
@@ -106,9 +114,12 @@ def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     cfg = Config()
     cfg.data.shards, cfg.data.train_crop_size, cfg.data.val_resize_size = args.shards, args.size, args.size
+    cfg.data.val_crop_size = args.size  # the check refuses a val resize below the crop
     cfg.data.batch_size, cfg.data.workers, cfg.data.epoch_batches = args.batch, args.workers, args.batches
     cfg.run.arch, cfg.run.epochs, cfg.run.run_dir = args.arch, args.epochs, tempfile.mkdtemp(prefix="bench-step-")
-    trainer = Trainer(checked(cfg), DistInfo(0, 1, 0, torch.device("cpu")), resolve_source(args.shards))
+    cfg, info = checked(cfg), DistInfo(0, 1, 0, torch.device("cpu"))
+    source = resolve_source(args.shards)
+    trainer = Trainer(cfg, info, source, run_parts(cfg, info)) if run_parts else Trainer(cfg, info, source)
     spans = instrument(trainer)
     first_waits, windows = [], []
     for epoch in range(args.epochs):

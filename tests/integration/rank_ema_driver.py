@@ -8,7 +8,8 @@ import sys
 import torch
 
 from imagenet_train.commands.train_cmd import train_config
-from imagenet_train.training import loop, run
+from imagenet_train.main import train as main_train
+from imagenet_train.training import loop
 
 
 class EmaWritingTrainer(loop.Trainer):
@@ -23,5 +24,5 @@ class EmaWritingTrainer(loop.Trainer):
 
 
 if __name__ == "__main__":
-    run.Trainer = EmaWritingTrainer  # type: ignore[misc]
-    run.train(train_config(sys.argv[1:]))
+    main_train.Trainer = EmaWritingTrainer  # type: ignore[misc]
+    main_train.train(train_config(sys.argv[1:]))

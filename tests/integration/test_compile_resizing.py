@@ -14,6 +14,7 @@ from imagenet_train.config import Config
 from imagenet_train.config_checks import checked
 from imagenet_train.datasets.convert import ShardOptions, convert
 from imagenet_train.datasets.source import resolve_source
+from imagenet_train.main.train import run_parts
 from imagenet_train.training import step
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.loop import Trainer
@@ -79,7 +80,8 @@ def test_progressive_resizing_compiles_one_static_graph_per_crop_size_over_the_r
     cfg.optim.warmup_epochs = 0
     cfg.run.run_dir = str(tmp_path / "run")
     info = DistInfo(rank=0, world=1, local_rank=0, device=torch.device(device))
-    Trainer(checked(cfg), info, resolve_source(cfg.data.shards)).run()
+    cfg = checked(cfg)
+    Trainer(cfg, info, resolve_source(cfg.data.shards), run_parts(cfg, info)).run()
 
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     sizes = [json.loads(line)["train_crop_size"] for line in lines]

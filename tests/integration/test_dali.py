@@ -112,7 +112,7 @@ def test_normalised_output_matches_the_uint8_output_normalised():
     samples = [(data, 0, "k")]
     ((raw, _, _),) = dali_batches(samples, DaliAugment(32, train=False, normalized=False), batch=1)
     ((normalised, _, _),) = dali_batches(samples, DaliAugment(32, train=False), batch=1)
-    from imagenet_train.loading.device import normalize
+    from imagenet_train.training.batch_input import normalize
 
     assert normalised.dtype == torch.float32
     assert torch.allclose(normalize(raw), normalised, atol=1e-4)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from imagenet_train.datasets.source import resolve_source
-from imagenet_train.loading.device import device_batches, normalize, normalize_constants
+from imagenet_train.loading.device import device_batches
 from imagenet_train.loading.presets import ValPreset
 from imagenet_train.loading.stream import EpochLoader, ShardStream
+from imagenet_train.training.batch_input import normalize, normalize_constants
 
 
 def shard_of_keys(urls: list[str]) -> dict[str, str]:

@@ -76,7 +76,7 @@ def test_the_training_step_trains_on_the_mixed_batch_with_soft_targets():
     images, labels = _batch()
     images = images.to(torch.uint8) * 20
     loss = step(images, labels)
-    from imagenet_train.loading.device import normalize
+    from imagenet_train.training.batch_input import normalize
 
     clean = normalize(images.clone())
     assert not torch.equal(seen[0], clean)  # the model saw the CutMix batch

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from imagenet_train import weights_files
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write
 from imagenet_train.loading.epochstate import EpochState, EpochStateFile, read_epoch_state
@@ -59,10 +60,10 @@ def test_an_object_that_is_not_plain_data_is_never_saved(tmp_path):
 def test_load_weights_reads_a_state_dict_or_a_checkpoints_model(tmp_path):
     weights = {"fc.weight": torch.ones(2, 2)}
     torch.save(weights, tmp_path / "w.pt")
-    assert torch.equal(checkpoint.load_weights(tmp_path / "w.pt")["fc.weight"], torch.ones(2, 2))
+    assert torch.equal(weights_files.load_weights(tmp_path / "w.pt")["fc.weight"], torch.ones(2, 2))
     path = checkpoint.checkpoint_path(str(tmp_path), 3)
     checkpoint.save({"epoch": 3, "model": weights, "optimizer": {}, "scaler": {}}, path)
-    assert list(checkpoint.load_weights(path)) == ["fc.weight"]
+    assert list(weights_files.load_weights(path)) == ["fc.weight"]
 
 
 @pytest.mark.parametrize(
@@ -80,9 +81,9 @@ def test_a_weights_file_that_is_not_tensors_is_one_error(tmp_path, content, mess
     else:
         torch.save(content, path)
     with pytest.raises(ImagenetTrainError, match=message):
-        checkpoint.load_weights(path)
+        weights_files.load_weights(path)
     with pytest.raises(ImagenetTrainError, match="no such weights file"):
-        checkpoint.load_weights(tmp_path / "missing.pt")
+        weights_files.load_weights(tmp_path / "missing.pt")
 
 
 def test_a_plain_file_that_is_not_a_checkpoint_is_one_error(tmp_path):

@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from imagenet_train import weights_files
 from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import _config_from
 from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.main.evaluate import ema_weights
 from imagenet_train.planning.position import Position
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.rundir import checkpoint
-from imagenet_train.training.evaluation import ema_weights, write_final
+from imagenet_train.training.evaluation import write_final
 from imagenet_train.training.step import ModelEma, ema_scores, run_ema, update_decay
 
 from conftest import REPO
@@ -213,17 +215,27 @@ def test_a_checkpoint_without_ema_resumes_into_a_run_with_ema(tmp_path):
     assert "ema" in checkpoint.load(state.write(1))
 
 
+def _final_file(tmp_path):
+    """What RunDirectory.write_final does, in tmp_path."""
+
+    def save(state):
+        checkpoint.save(state, tmp_path / "final.pt")
+        return tmp_path / "final.pt"
+
+    return save
+
+
 def test_final_weights_come_from_the_better_top1(tmp_path):
     model, optimizer, ema = _parts()
     _train(model, optimizer, ema.at(0), range(6))
     record = {"top1": 0.5, "top5": 0.9, "val_loss": 1.0, **ema_scores({"top1": 0.6, "top5": 0.9, "val_loss": 1.1})}
-    assert write_final(tmp_path, model, ema, record) == "ema"
-    final = checkpoint.load_weights(tmp_path / "final.pt")
+    assert write_final(_final_file(tmp_path), model, ema, record) == "ema"
+    final = weights_files.load_weights(tmp_path / "final.pt")
     assert all(torch.equal(final[key], value) for key, value in ema.module.state_dict().items())
     assert not torch.equal(final["0.weight"], model.state_dict()["0.weight"])
     record["ema_top1"] = 0.4
-    assert write_final(tmp_path, model, ema, record) == "raw"
-    final = checkpoint.load_weights(tmp_path / "final.pt")
+    assert write_final(_final_file(tmp_path), model, ema, record) == "raw"
+    final = weights_files.load_weights(tmp_path / "final.pt")
     assert all(torch.equal(final[key], value) for key, value in model.state_dict().items())
 
 

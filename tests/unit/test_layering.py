@@ -247,6 +247,22 @@ def test_the_training_package_imports_no_decoder():
     assert not found, "training/ must not decode images:\n" + "\n".join(found)
 
 
+# The loop, the input pipeline and the run directory stand side by side: main/ builds the batches and the run
+# directory and hands them to the trainer (training/parts.py types them), as torchvision's main() builds the loaders.
+SIDE_BY_SIDE = (f"{ROOT}.training", f"{ROOT}.loading", f"{ROOT}.rundir")
+
+
+def test_training_loading_and_the_run_directory_import_none_of_each_other():
+    found = [
+        f"{MODULES[name].relative_to(PACKAGE)}:{line} imports {target}"
+        for name in MODULES
+        if layer(name) in SIDE_BY_SIDE
+        for target, line in imported(name)
+        if layer(target) in SIDE_BY_SIDE and layer(target) != layer(name)
+    ]
+    assert not found, "training/, loading/ and rundir/ are handed each other's objects by main/:\n" + "\n".join(found)
+
+
 # A module past ~400 lines has stopped doing one job; the loop and the epoch stream read top to bottom.
 MAX_LINES = 400
 # The loop and the epoch stream read top to bottom: the loop's extras are hooks, the stream's stages are stages.
@@ -268,7 +284,8 @@ def test_no_module_is_longer_than_it_should_be():
 
 
 # torchvision's train.py imports 3 of its reference's modules; the loop orchestrates parts that others build
-# (step.build, RunBatches, RunDirectory, the hooks), so it names a handful, not every module on the way.
+# (step.build, the batches and run directory main/ hands it, the hooks), so it names a handful, not every module
+# on the way.
 LOOP_MAY_IMPORT = 12
 
 

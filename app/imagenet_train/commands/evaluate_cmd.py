@@ -92,7 +92,7 @@ def report(record: dict, weights: str, use_ema: bool, val_tta: bool, arch: str) 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate the weights on the val shards; write the JSON report and print the summary line."""
-    from imagenet_train.training.evaluation import evaluate_weights
+    from imagenet_train.main.evaluate import evaluate_weights
 
     cfg = args.config
     record, info = evaluate_weights(cfg, args.weights, args.ema)

@@ -56,7 +56,7 @@ def train_config(options: list[str]):
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train with the checked Config the flags and --config gave."""
-    from imagenet_train.training.run import train
+    from imagenet_train.main.train import train
 
     train(args.config)
     return 0

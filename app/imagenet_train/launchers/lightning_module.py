@@ -26,16 +26,16 @@ from imagenet_train.config import Config
 from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading.batches import seed_augmentation, train_loader, val_loader
-from imagenet_train.loading.device import normalize
+from imagenet_train.loading.batches import train_loader, val_loader
 from imagenet_train.loading.stream import EpochLoader
 from imagenet_train.planning.plan import preflight_check
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import models
+from imagenet_train.training.batch_input import normalize
 from imagenet_train.training.evaluation import Totals
 from imagenet_train.training.hooks import StepHook
 from imagenet_train.training.progress import RunProgress
-from imagenet_train.training.step import build_criterion, build_optimizer
+from imagenet_train.training.step import build_criterion, build_optimizer, seed_augmentation
 
 
 def refuse_uneven_modes(cfg: Config) -> None:

@@ -92,7 +92,7 @@ def train_worker(loop_config: dict) -> None:
     import ray.train
     import torch
 
-    from imagenet_train.training.run import train
+    from imagenet_train.main.train import train
 
     local_rank = ray.train.get_context().get_local_rank()
     os.environ["LOCAL_RANK"] = str(local_rank)

@@ -23,20 +23,7 @@ from imagenet_train.loading.stages import ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.loading.workers import worker_context
 from imagenet_train.planning.resolution import CropSchedule
-
-
-def augmentation_seed(seed: int, rank: int) -> int:
-    """The seed of a rank's augmentation: each rank draws its own crops, reproducibly."""
-    return seed + 1000 * rank
-
-
-def seed_augmentation(seed: int, rank: int) -> None:
-    """Seed this process's torch RNG for `rank`'s augmentation (in-process, and the DataLoader workers' seeds).
-
-    Call it after the model is built from the shared seed: every rank must start with the same weights but
-    crop differently, or both halves of each global batch get the same crops.
-    """
-    torch.manual_seed(augmentation_seed(seed, rank))
+from imagenet_train.planning.seeds import augmentation_seed
 
 
 def shard_reading(data: DataConfig, source: DataSource) -> ShardReading:

@@ -1,6 +1,6 @@
 """A run's directory as the trainer uses it (`RunDirectory`): the checkpoints with the state they restore, the
-epoch records and their experiment tracker (rank 0), the mirror to --results, the position key logs and the
-keys each rank read (--log-keys, `write_keys`).
+epoch records and their experiment tracker (rank 0), the mirror to --results, the position key logs, the
+keys each rank read (--log-keys, `write_keys`) and the final weights (`write_final`).
 
 The key logs say which sample keys each rank fetched in each segment of an epoch, read back on a mid-epoch resume
 to skip what a checkpoint already consumed (the arithmetic is planning/position.py's). Each rank appends one line
@@ -27,10 +27,12 @@ from imagenet_train.config import Config, RunConfig
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.planning.position import Position, consumed_spans
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.rundir.checkpoint import RunState, Stateful, resume_path
+from imagenet_train.rundir.checkpoint import RunState, Stateful, resume_path, save
 from imagenet_train.rundir.results_mirror import ResultsMirror
 from imagenet_train.rundir.run_record import EpochRecords, Launch, derived
 from imagenet_train.rundir.trackers import open_tracker
+
+FINAL = "final.pt"  # RUN_DIR/final.pt: the final weights as a plain state dict
 
 
 class RunDirectory:
@@ -58,6 +60,20 @@ class RunDirectory:
     def consumed_keys(self, position: Position) -> frozenset[str]:
         """The keys of the samples read up to `position` in its epoch, from the key logs (exact modes' resume)."""
         return frozenset(consumed_keys(self.path, position))
+
+    def key_log(self, epoch: int, rank: int, start: int) -> KeyLog:
+        """This rank's position key log of `epoch`, from step `start` (exact modes)."""
+        return KeyLog(self.path, epoch, rank, start)
+
+    def write_keys(self, split: str, epoch: int, rank: int, keys: list[str], append: bool = False) -> None:
+        """--log-keys: the keys this rank read in `split`'s epoch `epoch`."""
+        write_keys(self.path, split, epoch, rank, keys, append)
+
+    def write_final(self, state: dict[str, torch.Tensor]) -> Path:
+        """RUN_DIR/final.pt: the run's final weights as a plain state dict."""
+        path = self.path / FINAL
+        save(state, path)
+        return path
 
     def begin(
         self, cfg: Config, info: Launch, schedule: Schedule, source: DataSource, amp: torch.dtype | None, epoch: int

@@ -1,33 +1,24 @@
 """Validation: loss, top-1 and top-k (and, when asked, per-class counts) over every rank's share of the val
 shards, summed on the device and reduced once at the end (no host sync per batch); with test-time flip, the
 logits of each image and its mirror image averaged. Also the run's final weights (raw or EMA, the better top-1:
-`write_final`) and `imagenet-train evaluate`'s scoring of a weights file or checkpoint (`evaluate_weights`)."""
+`write_final`). `imagenet-train evaluate` calls `evaluate` too (main/evaluate.py), as does the Lightning module
+(its `Totals`)."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from imagenet_train.choices import Mode
-from imagenet_train.config import Config
-from imagenet_train.datasets.source import run_source
-from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.loading.batches import RunBatches
-from imagenet_train.loading.device import normalize
-from imagenet_train.loading.stream import EpochLoader
-from imagenet_train.rundir import checkpoint
-from imagenet_train.rundir.directory import write_keys
-from imagenet_train.training.dist import DistInfo, all_sum, cleanup, init_distributed
+from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.training.batch_input import normalize
+from imagenet_train.training.dist import DistInfo, all_sum
 from imagenet_train.training.hooks import unsaved_on_stop
-from imagenet_train.training.models import architecture
+from imagenet_train.training.parts import Batches, Loader
 from imagenet_train.training.progress import DataWait
-from imagenet_train.training.step import PREFIX, ModelEma, amp_dtype, ema_scores
-
-FINAL = "final.pt"  # RUN_DIR/final.pt: the final weights as a plain state dict
+from imagenet_train.training.step import PREFIX, ModelEma, ema_scores
 
 
 def take_rank0_buffers(model: torch.nn.Module, info: DistInfo) -> None:
@@ -76,7 +67,7 @@ class Totals:
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
-    loader: EpochLoader,
+    loader: Loader,
     batches: Iterable,
     info: DistInfo,
     amp: torch.dtype | None,
@@ -116,17 +107,17 @@ def evaluate(
 def evaluate_run(
     model: torch.nn.Module,
     ema: ModelEma | None,
-    batches: RunBatches,
+    batches: Batches,
     info: DistInfo,
     amp: torch.dtype | None,
     channels_last: bool,
     num_classes: int,
     tta: bool,
     epoch: int,
-    keys_dir: Path | None = None,
+    write_keys: Callable[[list[str]], None] | None = None,
 ) -> dict:
     """The training run's evaluation after `epoch`: the model (and its EMA) on every rank's share of the val
-    shards; `keys_dir` (the run dir) gets the val keys this rank read (--log-keys). {} without val shards."""
+    shards; `write_keys` (--log-keys) gets the val keys this rank read. {} without val shards."""
     if batches.val is None:
         return {}
 
@@ -137,57 +128,12 @@ def evaluate_run(
 
     model.eval()
     with unsaved_on_stop(f"epoch {epoch}'s checkpoint is written only after its evaluation"):  # a val outage
-        record, keys = scored(model, keep_keys=keys_dir is not None)
-    if keys_dir is not None:
-        write_keys(keys_dir, "val", epoch, info.rank, keys)
+        record, keys = scored(model, keep_keys=write_keys is not None)
+    if write_keys is not None:
+        write_keys(keys)
     if ema:
         record.update(ema_scores(scored(ema.module)[0]))
     return record
-
-
-def evaluate_weights(cfg: Config, path: str | Path, use_ema: bool = False) -> tuple[dict, DistInfo]:
-    """`imagenet-train evaluate`: a weights file or checkpoint (its EMA with `use_ema`) scored on the val shards
-    of `cfg` (the run's Config) by every rank of the launch, each sample once; the record (every rank's) and
-    this rank."""
-    weights = (
-        ema_weights(path) if use_ema else checkpoint.load_weights(path)
-    )  # a bad file fails before any process group
-    source = run_source(cfg.data)
-    if not source.val_urls:
-        raise ImagenetTrainError("evaluate: no val shards; expected an index with a val split (or --val-urls)")
-    model = architecture(cfg.run, source.num_classes)
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as error:
-        reason = clip(str(error).strip().splitlines()[-1].strip(), 120)
-        raise ImagenetTrainError(
-            f"{path}: weights do not fit --arch {cfg.run.arch} with {source.num_classes} classes ({reason})"
-        ) from None
-    info = init_distributed()
-    try:
-        channels_last = cfg.run.channels_last and info.device.type == "cuda"
-        model = model.to(info.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
-        model.eval()
-        # The val loader only; resampled mode keeps the unused train loader from drawing a shard queue.
-        data = dataclasses.replace(cfg.data, mode=Mode.RESAMPLED.value)
-        batches = RunBatches(dataclasses.replace(cfg, data=data), info.rank, info.world, info.device, source, 1)
-        try:
-            record, _ = evaluate(
-                model,
-                batches.val,
-                batches.val_batches(),
-                info,
-                amp_dtype(cfg.run.amp, info.device),
-                channels_last,
-                source.num_classes,
-                tta=cfg.run.val_tta,
-                per_class=True,
-            )
-        finally:
-            batches.close()
-        return record, info
-    finally:
-        cleanup()
 
 
 def final_choice(record: dict, ema: ModelEma | None) -> str:
@@ -197,26 +143,17 @@ def final_choice(record: dict, ema: ModelEma | None) -> str:
     return "raw"
 
 
-def write_final(run_dir: Path, model: torch.nn.Module, ema: ModelEma | None, record: dict) -> str:
-    """Write RUN_DIR/final.pt from the raw or the EMA weights (the better last top-1); returns which."""
+def write_final(
+    save: Callable[[dict[str, torch.Tensor]], Path], model: torch.nn.Module, ema: ModelEma | None, record: dict
+) -> str:
+    """Write the final weights with `save` (RunDirectory.write_final: RUN_DIR/final.pt) from the raw or the EMA
+    weights, the better last top-1; returns which."""
     choice = final_choice(record, ema)
     chosen = ema.module if choice == "ema" and ema is not None else model
-    path = Path(run_dir) / FINAL
-    checkpoint.save(chosen.state_dict(), path)
+    path = save(chosen.state_dict())
     if ema is not None and "top1" in record:
         scores = f"top-1 {record[PREFIX + 'top1']:.4f} EMA, {record['top1']:.4f} raw"
     else:
         scores = "no EMA" if ema is None else "no evaluation to compare"
     print(f"final weights: {'EMA' if choice == 'ema' else 'raw'} ({scores}) in {path}", flush=True)
     return choice
-
-
-def ema_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The EMA's weights in a checkpoint of a --model-ema run, as a model's state dict; else one error line."""
-    try:
-        state = checkpoint.load_weights(path, entry="ema")
-    except checkpoint.MissingEntry:
-        raise ImagenetTrainError(
-            f"--ema: {path} holds no EMA weights; expected a checkpoint of a run trained with --model-ema"
-        ) from None
-    return {key.removeprefix("module."): value for key, value in state.items() if key.startswith("module.")}

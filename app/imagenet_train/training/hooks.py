@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,6 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from imagenet_train import waiting
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.rundir.directory import KeyLog, write_keys
 from imagenet_train.training.dist import DistInfo, all_gather_numbers
 
 
@@ -41,11 +40,21 @@ class StepHook:
         """Called once when the epoch's loop is left, however it was left."""
 
 
+class KeyLogFile(Protocol):
+    """The epoch's key log in the run directory (`RunDirectory.key_log`)."""
+
+    def fetched(self, index: int, keys: list[str]) -> None:
+        """Log batch `index`'s keys before its step."""
+
+    def close(self) -> None:
+        """Close the log."""
+
+
 class PositionLog(StepHook):
     """Exact modes: each batch's keys are logged before its step, so a mid-epoch resume can skip them."""
 
-    def __init__(self, run_dir: Path, epoch: int, rank: int, start: int, vote: StepVote):
-        self.log, self.vote = KeyLog(run_dir, epoch, rank, start), vote
+    def __init__(self, log: KeyLogFile, vote: StepVote):
+        self.log, self.vote = log, vote
 
     def before_step(self, step: int, keys: list[str]) -> None:
         """Log the batch's keys (a failed write stops every rank at the next vote)."""
@@ -57,10 +66,10 @@ class PositionLog(StepHook):
 
 
 class KeysRead(StepHook):
-    """--log-keys: every key this rank trained on, written under RUN_DIR/keys when the epoch ends."""
+    """--log-keys: every key this rank trained on, handed to `write` (RUN_DIR/keys) when the epoch ends."""
 
-    def __init__(self, run_dir: Path, epoch: int, rank: int, append: bool):
-        self.run_dir, self.epoch, self.rank, self.append = run_dir, epoch, rank, append
+    def __init__(self, write: Callable[[list[str]], None]):
+        self.write = write  # the epoch's keys file of this rank (a resumed part of an epoch appends)
         self.keys: list[str] = []
 
     def before_step(self, step: int, keys: list[str]) -> None:
@@ -68,8 +77,8 @@ class KeysRead(StepHook):
         self.keys.extend(keys)
 
     def end(self) -> None:
-        """Write the epoch's keys (a resumed part of an epoch appends)."""
-        write_keys(self.run_dir, "train", self.epoch, self.rank, self.keys, self.append)
+        """Write the epoch's keys."""
+        self.write(self.keys)
 
 
 class MidEpochCheckpoint(StepHook):

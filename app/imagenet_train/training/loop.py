@@ -3,6 +3,7 @@ with the per-step extras (key logs, mid-epoch checkpoints, the pre-emption vote)
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
@@ -17,10 +18,8 @@ from tqdm import tqdm
 from imagenet_train.config import Config
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.errors import ImagenetTrainError, Preempted
-from imagenet_train.loading.batches import RunBatches, seed_augmentation
 from imagenet_train.planning.position import Position
 from imagenet_train.planning.schedule import Schedule
-from imagenet_train.rundir.directory import RunDirectory
 from imagenet_train.training import evaluation, progress, step
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.hooks import (
@@ -35,6 +34,7 @@ from imagenet_train.training.hooks import (
     replicas_in_sync,
     stop_waiting,
 )
+from imagenet_train.training.parts import RunParts
 
 log = logging.getLogger(__name__)
 
@@ -42,24 +42,26 @@ STOP_UPLOAD_S = 30.0  # after a pre-emption signal, how long the results mirror 
 
 
 class Trainer:
-    """One training run on one rank: the model, its step, its batches, its state and where results go."""
+    """One training run on one rank: the model, its step, its batches, its state and where results go (the
+    batches and the run directory made by `parts` once the schedule and the model exist)."""
 
-    def __init__(self, cfg: Config, info: DistInfo, source: DataSource, request: StopRequest | None = None):
+    def __init__(
+        self, cfg: Config, info: DistInfo, source: DataSource, parts: RunParts, request: StopRequest | None = None
+    ):
         self.cfg, self.info, self.source = cfg, info, source
-        data, run = cfg.data, cfg.run
         self.vote = StepVote(request or StopRequest(), info)
         self.schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, info.world)
         self.exact = self.schedule.exact  # every sample once; uneven batch counts under Join
         self.step = step.build(cfg, info, source.num_classes, self.schedule)
         self.model, self.ddp, self.ema, self.amp = self.step.model, self.step.wrapper, self.step.ema, self.step.amp
-        seed_augmentation(run.seed, info.rank)
+        step.seed_augmentation(cfg.run.seed, info.rank)
         for advice in self.schedule.advice() if info.is_main else ():  # a large batch with plain SGD, say
             log.warning("pre-flight: %s", advice)
         steps, length = self.schedule.epoch_batches(0), self.schedule.interval_epochs  # the ramp's data epochs
-        self.batches = RunBatches(cfg, info.rank, info.world, info.device, source, steps, length)
+        self.batches = parts.batches(source, steps, length)
         facts = {"schedule": self.schedule.facts(), "config": json.loads(cfg.to_json())}
-        parts = {"model": self.model, "optimizer": self.step.optimizer, "scaler": self.step.scaler}
-        self.dir = RunDirectory(run, data.io_timeout, info.local_rank, info.is_main, parts, facts)
+        saved = {"model": self.model, "optimizer": self.step.optimizer, "scaler": self.step.scaler}
+        self.dir = parts.directory(saved, facts)
         if self.ema:
             self.dir.state.add("ema", self.ema)
         self.start_epoch, self.position = 0, None  # position: set when resuming inside an epoch
@@ -128,9 +130,9 @@ class Trainer:
         info, run, start = self.info, self.cfg.run, position.step
         hooks: list[StepHook] = [self.ema.at(epoch * self.schedule.interval, steps)] if self.ema else []
         if self.exact:
-            hooks.append(PositionLog(self.dir.path, epoch, info.rank, start, self.vote))
-        if run.log_keys:
-            hooks.append(KeysRead(self.dir.path, epoch, info.rank, append=bool(start)))
+            hooks.append(PositionLog(self.dir.key_log(epoch, info.rank, start), self.vote))
+        if run.log_keys:  # a resumed part of an epoch appends
+            hooks.append(KeysRead(functools.partial(self.dir.write_keys, "train", epoch, info.rank, append=start > 0)))
         if run.checkpoint_every and info.is_main:
             hooks.append(
                 MidEpochCheckpoint(
@@ -196,11 +198,11 @@ class Trainer:
 
     def evaluate(self, epoch: int) -> dict:
         """Loss, top-1 and top-5 over every rank's share of the val shards ({} without val shards)."""
-        keys_dir = self.dir.path if self.cfg.run.log_keys else None
+        keys = functools.partial(self.dir.write_keys, "val", epoch, self.info.rank) if self.cfg.run.log_keys else None
         model, info, classes, tta = self.model, self.info, self.source.num_classes, self.cfg.run.val_tta
         channels_last = self.step.channels_last
         return evaluation.evaluate_run(
-            model, self.ema, self.batches, info, self.amp, channels_last, classes, tta, epoch, keys_dir
+            model, self.ema, self.batches, info, self.amp, channels_last, classes, tta, epoch, keys
         )
 
     # -- the run ------------------------------------------------------------------------------
@@ -220,7 +222,7 @@ class Trainer:
                 record["final_weights"] = evaluation.final_choice(record, self.ema)
                 if self.info.is_main:
                     self.vote.guard(
-                        evaluation.write_final, self.dir.path, self.model, self.ema, record
+                        evaluation.write_final, self.dir.write_final, self.model, self.ema, record
                     )  # settled at the save
             last = self.finish_epoch(epoch, record, started)
         if self.dir.records:

@@ -13,7 +13,7 @@ from imagenet_train.choices import DEFAULT_DROP_PATH, Stem, WeightsHead
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import RunConfig
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.rundir.checkpoint import load_weights
+from imagenet_train.weights_files import load_weights
 
 TIMM = "timm/"  # --arch timm/NAME picks timm's model NAME
 TIMM_INSTALL = "pip install 'imagenet-train[timm]'"

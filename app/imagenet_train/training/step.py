@@ -23,10 +23,11 @@ from imagenet_train.choices import Amp, Loss, Opt
 from imagenet_train.compat import ensure_torchvision, require_timm
 from imagenet_train.config import Config, OptimConfig
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading.device import normalize
 from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.schedule import ONE_STEP, Accumulation, Schedule
+from imagenet_train.planning.seeds import augmentation_seed
 from imagenet_train.training import models
+from imagenet_train.training.batch_input import normalize
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.hooks import StepHook
 
@@ -382,3 +383,12 @@ def build(cfg: Config, info: DistInfo, num_classes: int, schedule: Schedule) -> 
         wrapper=ddp,
         ema=run_ema(model, optim, schedule),
     )
+
+
+def seed_augmentation(seed: int, rank: int) -> None:
+    """Seed this process's torch RNG for `rank`'s augmentation (in-process, and the DataLoader workers' seeds).
+
+    Call it after the model is built from the shared seed: every rank must start with the same weights but
+    crop differently, or both halves of each global batch get the same crops.
+    """
+    torch.manual_seed(augmentation_seed(seed, rank))

@@ -1,8 +1,9 @@
-"""Training on this rank as the launcher started it: the process group, the trainer, and the order they are
-torn down in."""
+"""Training on this rank as the launcher started it: the process group, the trainer and what it is handed (its
+batches and its run directory: `run_parts`), and the order they are torn down in."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import signal
@@ -13,10 +14,13 @@ from imagenet_train.config import Config
 from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
+from imagenet_train.loading.batches import RunBatches
 from imagenet_train.planning.plan import preflight_check
+from imagenet_train.rundir.directory import RunDirectory
 from imagenet_train.training.dist import DistInfo, cleanup, init_distributed, is_peer_lost, peer_lost_reason
 from imagenet_train.training.hooks import StopRequest
 from imagenet_train.training.loop import Trainer
+from imagenet_train.training.parts import RunParts
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +49,14 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     a rank can block in its exit past the grace period."""
     trainer: Trainer | None = None
     failure: BaseException | None = None
+    parts = run_parts(cfg, info)
     try:
         with waiting.interruptible("fetching the shard index"):
             source = run_source(cfg.data)
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)  # before the model: a plan that hangs
         with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
-            trainer = Trainer(cfg, info, source, request)  # DDP's constructor broadcasts: a peer can be lost here
+            # DDP's constructor broadcasts: a peer can be lost here
+            trainer = Trainer(cfg, info, source, parts, request)
         return trainer.run()
     except waiting.Stopping as stop:
         if trainer is not None:
@@ -79,6 +85,14 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
         if not waiting.cut_short():  # leaving at once (waiting.leave_now): collecting the loaders takes seconds
             gc.collect()
     raise failure
+
+
+def run_parts(cfg: Config, info: DistInfo) -> RunParts:
+    """The trainer's batches and run directory on this rank, made when it asks (after its model)."""
+    return RunParts(
+        functools.partial(RunBatches, cfg, info.rank, info.world, info.device),
+        functools.partial(RunDirectory, cfg.run, cfg.data.io_timeout, info.local_rank, info.is_main),
+    )
 
 
 def _left_unsaved(info: DistInfo, signum: int, where: str, reason: str) -> Preempted:
