@@ -9,8 +9,10 @@ import multiprocessing.util
 import os
 import signal
 import sys
+import traceback
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
 
 # What the forkserver imports once, before it forks any worker. The first two only set up the forkserver
 # itself (signal dispositions, death with its rank); the epoch stream pulls in torch and the stages, so a
@@ -113,13 +115,34 @@ def forkserver_dies_with_rank() -> None:
 
 
 def worker_init(_: int) -> None:
-    """Run first in every DataLoader worker: die with the forkserver, leave pre-emption signals to the rank."""
+    """Run first in every DataLoader worker: die with the forkserver, leave pre-emption signals to the rank, and
+    say nothing of a batch's hand-over that the rank left."""
     die_with_parent(_forkserver[0] if _forkserver else None)  # a forkserver gone since the fork: leave now
     from imagenet_train.loading.loader_signals import leave_to_the_rank
 
     # Called, not left to the import: a forkserver child has the module imported already, and torch's worker
     # loop has just installed its own SIGTERM handler, which dies of a signal its parent did not send.
     leave_to_the_rank()
+    sys.excepthook = quiet_abandoned_handovers(sys.excepthook)
+
+
+# A batch's tensors reach the rank as file descriptors: the worker's multiprocessing resource sharer serves each
+# one on a thread, and hands any error there to sys.excepthook, which prints a traceback. A rank that leaves on
+# a stop signal mid-hand-over (its workers still alive for a moment) makes that thread's accept or send fail.
+HANDOVER_ERRORS = (EOFError, OSError, multiprocessing.AuthenticationError)
+
+
+def quiet_abandoned_handovers(hook: Callable) -> Callable:
+    """`hook` (sys.excepthook), except for a connection error in the resource sharer's serving thread: the rank
+    on the other end left, and says why itself (a hand-over it still waits for fails on its side, in one line)."""
+
+    def excepthook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        first = traceback.extract_tb(trace, limit=1)
+        served = bool(first) and first[0].name == "_serve" and first[0].filename.endswith("resource_sharer.py")
+        if not (served and isinstance(error, HANDOVER_ERRORS)):
+            hook(kind, error, trace)
+
+    return excepthook
 
 
 def track_workers(batches) -> None:
