@@ -34,7 +34,7 @@ help:
 	@echo "make faults - the whole fault suite (outages, broken shards, signals, full disk, slow link) into docs/reliability.md, every mid-epoch resume case and the torchrun tracker runs (W&B, a tracker that is down)"
 	@echo "make launchers - SSH, Slurm (local sshd x2, local 2-node Slurm), Ray (a worker killed mid-run) and Lightning end to end"
 	@echo "make e2e    - the chart's rendered pods run with podman (every launcher, nginx and bucket, resume, a pod killed) into docs/e2e.md"
-	@echo "make lint   - ruff"
+	@echo "make lint   - ruff (lint, the complexity limit, format); make test runs it first"
 	@echo "make docs   - the documentation site (MkDocs, strict) into site/"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into docs/benchmarks.md"
 	@echo "make recipes - today's defaults against recipes/small-images.yaml on the digits, several seeds, into docs/benchmarks.md"
@@ -105,7 +105,7 @@ demo: venv system-deps
 
 # The slow fault tests (minutes each) run in `make faults`, the launcher and chart-pod runs in `make launchers` and
 # `make e2e`; the fast ones, regressions included, run here (with the chart's shard server, fill and helm test pod).
-test: venv system-deps image-deps k8s-tools
+test: venv system-deps image-deps k8s-tools lint
 	$(BIN)/python -m pytest -q -m "not slow and not launchers and not e2e"
 
 # The whole fault suite (tests/faults, slow ones included), then docs/reliability.md from its report.
@@ -141,7 +141,7 @@ e2e: venv image-deps
 	    --load "$$load at the start, $$(cut -d' ' -f1-3 /proc/loadavg) at the end (1, 5, 15 min)" --out docs/e2e.md; \
 	  exit $$status
 
-image-test: venv system-deps image-deps k8s-tools
+image-test: venv system-deps image-deps k8s-tools lint
 	$(BIN)/python -m pytest -q tests/integration/test_image.py
 
 build:
