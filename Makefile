@@ -26,7 +26,7 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench recipes mechanisms small-images gpu-check docs clean build push shell docker-run
+.PHONY: typecheck help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench recipes mechanisms small-images gpu-check docs clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
@@ -35,6 +35,7 @@ help:
 	@echo "make launchers - SSH, Slurm (local sshd x2, local 2-node Slurm), Ray (a worker killed mid-run) and Lightning end to end"
 	@echo "make e2e    - the chart's rendered pods run with podman (every launcher, nginx and bucket, resume, a pod killed) into docs/e2e.md"
 	@echo "make lint   - ruff (lint, the complexity limit, format); make test runs it first"
+	@echo "make typecheck - mypy over app/ and tools/ (pyproject.toml says how strict); make test runs it first"
 	@echo "make docs   - the documentation site (MkDocs, strict) into site/"
 	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into docs/benchmarks.md"
 	@echo "make recipes - today's defaults against recipes/small-images.yaml on the digits, several seeds, into docs/benchmarks.md"
@@ -105,7 +106,7 @@ demo: venv system-deps
 
 # The slow fault tests (minutes each) run in `make faults`, the launcher and chart-pod runs in `make launchers` and
 # `make e2e`; the fast ones, regressions included, run here (with the chart's shard server, fill and helm test pod).
-test: venv system-deps image-deps k8s-tools lint
+test: venv system-deps image-deps k8s-tools lint typecheck
 	$(BIN)/python -m pytest -q -m "not slow and not launchers and not e2e"
 
 # The whole fault suite (tests/faults, slow ones included), then docs/reliability.md from its report.
@@ -141,7 +142,7 @@ e2e: venv image-deps
 	    --load "$$load at the start, $$(cut -d' ' -f1-3 /proc/loadavg) at the end (1, 5, 15 min)" --out docs/e2e.md; \
 	  exit $$status
 
-image-test: venv system-deps image-deps k8s-tools lint
+image-test: venv system-deps image-deps k8s-tools lint typecheck
 	$(BIN)/python -m pytest -q tests/integration/test_image.py
 
 build:
@@ -206,6 +207,11 @@ docs: venv
 lint: venv
 	$(BIN)/ruff check app tests tools bench examples
 	$(BIN)/ruff format --check app tests tools bench examples
+
+# mypy over app/ and tools/ at the strictness [tool.mypy] in pyproject.toml states (bodies checked, no implicit
+# Optional, strict equality, no unused ignores); a Protocol is checked against every class handed in for it.
+typecheck: venv
+	$(BIN)/mypy
 
 clean:
 	rm -rf demo runs site .pytest_cache .faults .e2e

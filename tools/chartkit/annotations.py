@@ -133,10 +133,10 @@ def read_source(path: Path) -> Source:
                 comments = []  # a line inside a value (a block list, a multi-line string): not a key
                 continue
             stack = [(level, k) for level, k in stack if level < indent] + [(indent, name)]
-            path = (*parent, name)
-            source.lines[path] = number
+            key_path = (*parent, name)
+            source.lines[key_path] = number
             if comments:
-                source.annotations[path] = _block(source, comments, path, number)
+                source.annotations[key_path] = _block(source, comments, key_path, number)
             comments = []
         else:
             comments = []

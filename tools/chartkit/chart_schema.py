@@ -115,7 +115,7 @@ class _Builder:
         if not spec.empty:
             schema = self.literal(path, spec)
         elif section or not path:
-            schema = {**self.mapping(path, default or {}), **spec.keywords}
+            schema = {**self.mapping(path, default if isinstance(default, dict) else {}), **spec.keywords}
         elif isinstance(default, str):
             schema = {**self.formats["text"].of(False), **spec.keywords}
         elif type(default) in INFERRED:
@@ -128,10 +128,13 @@ class _Builder:
 
     def literal(self, path: Path_, spec: Spec) -> dict:
         """The schema a spec states by itself (no default to learn from)."""
+        schema: dict[str, object]
         if spec.items is not None:
             schema = {"type": "array", "items": self.literal((*path, "[]"), spec.items)}
         elif spec.fields is not None:
-            schema = {"type": "object"} if spec.open else {"type": "object", "additionalProperties": False}
+            schema = {"type": "object"}
+            if not spec.open:
+                schema["additionalProperties"] = False
             schema["properties"] = {name: self.literal((*path, name), inner) for name, inner in spec.fields.items()}
             required = [name for name, inner in spec.fields.items() if inner.required]
             if required:
@@ -155,7 +158,7 @@ class _Builder:
             required += [key] if needed else []
         annotation = self.source.annotations.get(path)
         for key, text in (annotation.extras if annotation else {}).items():
-            if key in default:
+            if key in default and annotation is not None:
                 self.fail((*path, key), "@schema.KEY names a key the defaults already have", annotation.line)
             spec = self.spec((*path, key), text)
             properties[key] = self.literal((*path, key), spec)

@@ -74,7 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: Command) -> None:
     parser.set_defaults(func=command.run, **({"check": command.check} if command.check else {}))
 
 
-def add_command(commands: argparse._SubParsersAction, command: Command, formatter: type) -> None:
+def add_command(
+    commands: argparse._SubParsersAction, command: Command, formatter: type[argparse.HelpFormatter]
+) -> None:
     """Add `command` to the CLI's subcommands."""
     parser = commands.add_parser(
         command.name, formatter_class=formatter, help=command.help, description=command.description

@@ -53,11 +53,12 @@ def decoding() -> Iterator[None]:
     """Around a decoder's calls: a decoder error (data damage) comes out as CorruptImage, anything else as it is."""
     from PIL import Image
 
+    damage: tuple[type[BaseException], ...] = (*DECODE_ERRORS, Image.DecompressionBombError)
     try:
         yield
     except CorruptImage:
         raise
-    except (*DECODE_ERRORS, Image.DecompressionBombError) as error:
+    except damage as error:
         raise CorruptImage(f"{type(error).__name__}: {error}") from error
 
 

@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from imagenet_train.config import IO_TIMEOUT, MAX_CLASSES, DataConfig
 from imagenet_train.errors import ImagenetTrainError, clip
@@ -196,7 +197,7 @@ def _check_shard(shard: object, at: str) -> int:
     return nsamples
 
 
-def _count(value: object) -> bool:
+def _count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

@@ -10,6 +10,8 @@ import hashlib
 import re
 from typing import BinaryIO
 
+from imagenet_train.io.tarstream import Readable
+
 CHUNK = 1 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -30,7 +32,7 @@ class VerifyingReader:
     is only known to be good once all of it was read.
     """
 
-    def __init__(self, stream: BinaryIO, sha256: str, size: int | None = None):
+    def __init__(self, stream: Readable, sha256: str, size: int | None = None):
         self.stream, self.sha256, self.size = stream, sha256, size
         self.hash, self.count = hashlib.sha256(), 0
 

@@ -17,8 +17,13 @@ import logging
 import os
 import signal
 import subprocess
+import sys
+from typing import TYPE_CHECKING, cast
 
 from imagenet_train.errors import ImagenetTrainError, clip
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,11 @@ status=$?
 kill -KILL $watcher
 wait $watcher
 exit $status"""
+
+
+# The command's own process group, so ending it ends every process of it. Popen's process_group is Python 3.11's;
+# on 3.10 the child calls setpgid(0, 0) itself (os.setpgrp, async-signal-safe, so safe in a threaded parent).
+OWN_PROCESS_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 
 
 class CommandFailed(ImagenetTrainError):
@@ -85,22 +95,23 @@ class CommandStream(io.RawIOBase):
                 stdin=watched,
                 stdout=subprocess.PIPE,
                 bufsize=0,
-                process_group=0,
+                **OWN_PROCESS_GROUP,
             )
         except BaseException:
             os.close(self.lifeline)
             raise
         finally:
             os.close(watched)
+        self.output = cast(io.RawIOBase, self.process.stdout)  # stdout=PIPE with bufsize=0: a raw FileIO
         self.exit_read = False  # the exit status was read at the output's end (and raised if it was a failure)
 
     def readable(self) -> bool:
         """Always: the command's output is read, never written."""
         return True
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:
+    def readinto(self, buffer: WriteableBuffer) -> int:
         """Fill `buffer` from the command's output; at its end, raise CommandFailed unless the command succeeded."""
-        count = self.process.stdout.readinto(buffer)
+        count = self.output.readinto(buffer) or 0  # None: no data yet, only from a non-blocking pipe
         if not count:
             self._check_exit()
         return count
@@ -135,7 +146,7 @@ class CommandStream(io.RawIOBase):
         if self.closed:
             return
         ended = self.process.poll()  # before closing: an exit caused by the close (SIGPIPE) is no failure
-        self.process.stdout.close()
+        self.output.close()
         if ended and not self.exit_read:
             log.warning("%s: the command %s past what was read of it", clip(self.location), exit_reason(ended))
         elif ended is None:

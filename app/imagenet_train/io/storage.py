@@ -205,12 +205,13 @@ def open_stream(location: str, io_timeout: float = IO_TIMEOUT) -> BinaryIO:
         raise ImagenetTrainError(f"{path}: cannot open ({error.strerror})") from None
 
 
-def stream_size(stream: BinaryIO) -> int | None:
+def stream_size(stream: object) -> int | None:
     """The size of the object behind an opened stream, where it is known."""
     size = getattr(getattr(stream, "raw", stream), "size", None)
-    if size is None and hasattr(stream, "fileno"):
+    fileno = getattr(stream, "fileno", None)
+    if size is None and fileno is not None:
         try:
-            return os.fstat(stream.fileno()).st_size
+            return os.fstat(fileno()).st_size
         except (OSError, io.UnsupportedOperation):
             return None
     return size
@@ -219,7 +220,8 @@ def stream_size(stream: BinaryIO) -> int | None:
 def read_bytes(location: str, io_timeout: float = IO_TIMEOUT, limit: int = 64 << 20) -> bytes:
     """Read a whole small resource, such as a shard index; more than `limit` bytes is an error, found
     without reading past the limit."""
-    chunks, total = [], 0
+    chunks: list[bytes] = []
+    total = 0
     with open_stream(location, io_timeout=io_timeout) as stream:
         while total <= limit:
             chunk = stream.read(min(1 << 20, limit + 1 - total))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Protocol
 
 BLOCK = 512
 REGULAR = (b"0", b"\x00", b"7")
@@ -26,6 +26,14 @@ _OCTAL = re.compile(rb"[0-7]*")
 _DECIMAL = re.compile(rb"[0-9]{1,20}")
 
 
+class Readable(Protocol):
+    """What the tar reader needs of a stream: a file, a socket's body, or a reader that verifies or counts."""
+
+    def read(self, size: int = -1, /) -> bytes:
+        """At most `size` bytes (all that is left with -1); b"" at the end."""
+        ...
+
+
 class TarFormatError(ValueError):
     """The stream is not a well-formed tar (the message says where; `member` names a damaged member)."""
 
@@ -34,7 +42,7 @@ class TarFormatError(ValueError):
         self.member = member
 
 
-def _read(stream: BinaryIO, size: int) -> bytes:
+def _read(stream: Readable, size: int) -> bytes:
     data = stream.read(size)
     while len(data) < size:
         more = stream.read(size - len(data))
@@ -104,7 +112,7 @@ def _checked_size(size: int, kind: bytes, name: str) -> int:
     return size
 
 
-def members(stream: BinaryIO) -> Iterator[tuple[str, bytes]]:
+def members(stream: Readable) -> Iterator[tuple[str, bytes]]:
     """(name, data) of every regular file in the tar stream, in order."""
     long_name: str | None = None
     pax_size: int | None = None

@@ -9,6 +9,7 @@ Ray starts N workers (one per GPU the cluster has, unless told) and sets up thei
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -53,11 +54,12 @@ def run(cfg: Config, options: RayOptions) -> dict:
         from ray.train.torch import TorchConfig, TorchTrainer
     except ImportError:
         raise ImagenetTrainError("ray: needs Ray Train (pip install 'imagenet-train[ray]')") from None
-    ray.init(address=options.address or None, logging_level="WARNING", include_dashboard=False)
+    ray.init(address=options.address or None, logging_level=logging.WARNING, include_dashboard=False)
     try:
         workers, use_gpu = world_size(options, int(ray.cluster_resources().get("GPU", 0)))
         assessment = preflight_check(cfg, source.train_sizes, workers)
-        print(f"ray: {workers} {'GPU' if use_gpu else 'CPU'} workers; plan: {assessment.verdict}", flush=True)
+        verdict = assessment.verdict if assessment else "not checked (the index gives no shard sizes)"
+        print(f"ray: {workers} {'GPU' if use_gpu else 'CPU'} workers; plan: {verdict}", flush=True)
         run_dir = Path(cfg.run.run_dir).resolve()
         cfg.run.run_dir = str(run_dir)
         trainer = TorchTrainer(

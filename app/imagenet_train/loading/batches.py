@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import partial
+from typing import cast
 
 import torch
 
@@ -15,7 +16,7 @@ from imagenet_train.choices import Decoder, Mode
 from imagenet_train.config import Config, DataConfig
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.loading.batching import Batch
-from imagenet_train.loading.dali import DaliAugment, DaliDecoder, jpeg_bytes, pack_jpegs
+from imagenet_train.loading.dali import DaliAugment, DaliDecoder, JpegBatch, jpeg_bytes, pack_jpegs
 from imagenet_train.loading.device import device_batches
 from imagenet_train.loading.presets import TrainPreset, ValPreset
 from imagenet_train.loading.shard_queue import job_queue
@@ -177,7 +178,7 @@ class RunBatches:
             return device_batches(loader, self.device)
         if loader not in self.dali:
             self.dali[loader] = DaliDecoder(
-                loader,
+                cast(Iterable[JpegBatch], loader),  # its collate is pack_jpegs (_per_sample)
                 self.augment[loader],
                 data.batch_size,
                 self.device,

@@ -43,7 +43,11 @@ def jpeg_bytes(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def pack_jpegs(samples: Sequence[tuple]) -> Batch:
+# A loader batch for DALI: ((every JPEG's bytes end to end, each one's end offset), labels, keys).
+JpegBatch = tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, list]
+
+
+def pack_jpegs(samples: Sequence[tuple]) -> JpegBatch:
     """Batch (encoded bytes, label, key) samples as ((all bytes, end offsets), labels, keys).
 
     One flat tensor per batch (in shared memory inside a DataLoader worker) instead of a list of byte strings,
@@ -53,7 +57,7 @@ def pack_jpegs(samples: Sequence[tuple]) -> Batch:
     total = sum(sizes)
     if get_worker_info() is not None:
         flat = torch.empty(0, dtype=torch.uint8)
-        flat.set_(flat.untyped_storage()._new_shared(total), 0, (total,))
+        flat.set_(flat.untyped_storage()._new_shared(total), 0, (total,), (1,))
     else:
         flat = torch.empty(total, dtype=torch.uint8)
     torch.cat([s[0] for s in samples], out=flat)
@@ -94,7 +98,7 @@ class DaliDecoder:
 
     def __init__(
         self,
-        loader: Iterable[Batch],
+        loader: Iterable[JpegBatch],
         augment: DaliAugment,
         batch_size: int,
         device: torch.device,
@@ -109,7 +113,7 @@ class DaliDecoder:
             )
         self.loader, self.augment, self.device = loader, augment, device
         self.pending: deque = deque()  # (labels, keys) of batches handed to DALI, in order
-        self.batches: Iterator[Batch] | None = None
+        self.batches: Iterator[JpegBatch] | None = None
         self.options = (batch_size, threads, seed, prefetch)
         self.size = augment.size
         self.pipe = self._build(augment, *self.options)

@@ -11,6 +11,7 @@ image is resized. Progressive, CMYK and anything libjpeg-turbo cannot read take 
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,6 +24,9 @@ from imagenet_train.loading.crop_boxes import Box, random_resized_crop_box
 
 ensure_torchvision()
 from torchvision.transforms.v2 import functional  # noqa: E402
+
+if TYPE_CHECKING:
+    from turbojpeg import TurboJPEG
 
 TJCS_CMYK, TJCS_YCCK = 3, 4
 TJPF_RGB = 0
@@ -65,7 +69,7 @@ class FusedCropDecoder:
     ):
         self.size, self.scale, self.hflip, self.max_pixels = size, scale, hflip, max_pixels
         self.interpolation = interpolation
-        self._jpeg = None
+        self._jpeg: TurboJPEG | None = None
         self.fused = self.fallbacks = 0  # how often each path ran, for benchmarks and tests
 
     @property

@@ -109,6 +109,7 @@ class TrainPreset:
 
     def build(self) -> Callable[[bytes], torch.Tensor]:
         """The per-sample transform; it takes another crop size through `at_size` (loading.augment)."""
+        crop: Callable[[bytes], torch.Tensor]
         if self.decoder == Decoder.FUSED:
             from imagenet_train.loading.fused_decoder import FusedCropDecoder
 

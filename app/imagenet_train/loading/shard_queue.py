@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import TYPE_CHECKING
 
 from imagenet_train.errors import ImagenetTrainError
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 
 class StoreQueue:
@@ -18,7 +22,7 @@ class StoreQueue:
 
     def __init__(self, host: str, port: int, prefix: str):
         self.host, self.port, self.prefix = host, port, prefix
-        self._store = None
+        self._store: TCPStore | None = None
 
     def __getstate__(self) -> dict:
         return {"host": self.host, "port": self.port, "prefix": self.prefix, "_store": None}
@@ -26,7 +30,7 @@ class StoreQueue:
     def claim(self, epoch: int) -> int:
         """The next unclaimed position in this epoch's shard order (may exceed the number of shards)."""
         if self._store is None:
-            from torch.distributed import TCPStore
+            from torch.distributed import TCPStore  # noqa: F811 (imported for the checker above, at run time here)
 
             try:
                 self._store = TCPStore(

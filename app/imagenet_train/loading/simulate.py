@@ -17,7 +17,7 @@ from imagenet_train.datasets.source import ShardInfo
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.batching import batched
 from imagenet_train.loading.stages import ShardReading, read_shards
-from imagenet_train.loading.stream import ShardStream
+from imagenet_train.loading.stream import ShardClaims, ShardStream
 from imagenet_train.planning import plan
 
 # The simulation reports damage rather than hiding it; shards the index has a sha256 for are checked against it.
@@ -43,10 +43,17 @@ class _Counter:
         return self.next - 1
 
 
-def _stream(urls: list[str], setup: plan.Setup, rank: int, queue=None, reading: ShardReading = READING) -> ShardStream:
+def _no_transform(sample: object) -> object:
+    """The simulation counts samples and never decodes one: the stream's transform is never called."""
+    raise AssertionError("plan --simulate decodes no image")
+
+
+def _stream(
+    urls: list[str], setup: plan.Setup, rank: int, queue: ShardClaims | None = None, reading: ShardReading = READING
+) -> ShardStream:
     return ShardStream(
         urls=urls,
-        transform=None,
+        transform=_no_transform,
         batch_size=setup.batch_size,
         rank=rank,
         world=setup.world,
@@ -140,7 +147,7 @@ def simulate(
         else:
             nominal = plan.assess(setup).ranks[rank].batches
             workers = max(setup.workers, 1)
-            opened_lists = [[] for _ in range(workers)]
+            opened_lists: list[list[str]] = [[] for _ in range(workers)]
             tallies = [_ShardTally(dict(zip(urls, setup.shard_sizes, strict=True))) for _ in range(workers)]
             streams = [
                 tally.samples(

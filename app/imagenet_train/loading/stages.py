@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field, replace
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from imagenet_train.choices import BrokenShardPolicy
 from imagenet_train.config import IO_TIMEOUT, MAX_CORRUPT_STREAK
@@ -84,7 +84,7 @@ class DamageCounters:
     def snapshot(self) -> tuple[int, int, int]:
         """(corrupt samples, broken shards, lost samples) so far."""
         with self.values.get_lock():
-            return tuple(self.values)  # type: ignore[return-value]
+            return self.values[self.CORRUPT], self.values[self.BROKEN], self.values[self.LOST]
 
 
 _reported: set[tuple[str, str]] = set()  # (shard, message) pairs this process already warned about
@@ -228,13 +228,14 @@ def size_checked(shards: Iterable[Shard]) -> Iterator[Shard]:
         yield shard
 
 
-def hashed(shards: Iterable[Shard], reading: ShardReading) -> Iterator[Shard]:
+def hashed(shards: Iterable[Shard], reading: ShardReading) -> Generator[Shard, None, None]:
     """Each shard the cache did not check, read through a VerifyingReader that hashes its bytes on the way
     (the tar expander checks the digest at the shard's end)."""
     for shard in shards:
         if shard.sha256 and not reading.cached(shard.url):
             size = shard.expected.filesize if shard.expected else None
-            verifier = VerifyingReader(shard.stream, shard.sha256, size)
+            stream = cast(tarstream.Readable, shard.stream)  # opened() set it
+            verifier = VerifyingReader(stream, shard.sha256, size)
             shard = replace(shard, stream=verifier, verifier=verifier)
         yield shard
 

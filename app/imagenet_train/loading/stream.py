@@ -7,6 +7,7 @@ import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -39,6 +40,14 @@ def _worker() -> tuple[int, int]:
     return (info.id, info.num_workers) if info else (0, 1)
 
 
+class ShardClaims(Protocol):
+    """A shard queue (loading/shard_queue.py): the next unclaimed position of an epoch's shard order."""
+
+    def claim(self, epoch: int) -> int:
+        """The next unclaimed position in `epoch`'s shard order (may exceed the number of shards)."""
+        ...
+
+
 @dataclass
 class ShardStream(IterableDataset):
     """One rank's stream of batches, built in each DataLoader worker.
@@ -67,7 +76,7 @@ class ShardStream(IterableDataset):
     state_file: str = ""  # per-epoch settings for persistent workers (epochstate.EpochStateFile)
     skip_keys: frozenset = frozenset()  # consumed before a mid-epoch checkpoint: read, never decoded
     resume_tag: str = ""  # a resumed resampled epoch draws fresh shards, deterministically
-    queue: object = None  # a shard queue (queue.StoreQueue / LocalQueue) for --mode queue
+    queue: ShardClaims | None = None  # a shard queue (shard_queue.StoreQueue / LocalQueue) for --mode queue
     repeat: int = 1  # split mode: read this worker's shard list this many times per epoch
     crop_size: int = 0  # this epoch's train crop size, set on `transform` (0: the transform's own)
     num_classes: int = 0  # labels from 0 to num_classes - 1 are used, others are corrupt samples (0: any)

@@ -90,14 +90,16 @@ def evaluate(
             totals.add(logits_of(model, images, tta), labels)
         if keep_keys:
             keys.extend(batch_keys)
-    _, broken, lost = (now - before for now, before in zip(loader.damage(), damage_before, strict=True))
+    _, broken_here, lost_here = (now - before for now, before in zip(loader.damage(), damage_before, strict=True))
     loss_sum, correct1, correctk, count, broken, lost = all_sum(
-        [*totals.sums.tolist(), totals.count, broken, lost], info
+        [*totals.sums.tolist(), totals.count, broken_here, lost_here], info
     )
     if count == 0:
         raise ImagenetTrainError("validation: the val shards held no samples")
-    extra = {"val_broken_shards": int(broken), "val_lost_samples": int(lost)} if broken else {}
-    if per_class:
+    extra: dict[str, int | list[int]] = (
+        {"val_broken_shards": int(broken), "val_lost_samples": int(lost)} if broken else {}
+    )
+    if per_class and totals.classes is not None:
         counts = [int(n) for n in all_sum(totals.classes.flatten().tolist(), info)]
         extra.update(class_samples=counts[:num_classes], class_top1=counts[num_classes:])
     return {**totals.scores(loss_sum, correct1, correctk, count), "val_samples": int(count), **extra}, keys
@@ -118,13 +120,14 @@ def evaluate_run(
 ) -> dict:
     """The training run's evaluation after `epoch`: the model (and its EMA) on every rank's share of the val
     shards; `write_keys` (--log-keys) gets the val keys this rank read. {} without val shards."""
-    if batches.val is None:
+    val = batches.val
+    if val is None:
         return {}
 
     def scored(model: torch.nn.Module, keep_keys: bool = False) -> tuple[dict, list[str]]:
         take_rank0_buffers(model, info)
         waited = DataWait().timed(batches.val_batches(), "waiting for a val batch")
-        return evaluate(model, batches.val, waited, info, amp, channels_last, num_classes, keep_keys, tta)
+        return evaluate(model, val, waited, info, amp, channels_last, num_classes, keep_keys, tta)
 
     model.eval()
     with unsaved_on_stop(f"epoch {epoch}'s checkpoint is written only after its evaluation"):  # a val outage

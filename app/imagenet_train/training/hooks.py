@@ -102,7 +102,7 @@ class StopVote(StepHook):
     def __init__(
         self,
         vote: StepVote,
-        joined: torch.nn.Module | None = None,
+        joined: Joinable | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         averaged: torch.nn.Module | None = None,
     ):
@@ -121,7 +121,7 @@ class StopVote(StepHook):
         when the ranks stopped inside the epoch (None when it ran to its end)."""
         verdict, (stopped_mid_epoch, steps_taken) = self.vote.settle(int(stopped), step)
         self.vote.raise_failure(verdict)
-        if self.joined is not None:
+        if self.joined is not None and self.optimizer is not None:
             sync_optimizer_state(self.optimizer, step, self.vote.info, self.averaged)
         return verdict, steps_taken if stopped_mid_epoch else None
 
@@ -164,7 +164,7 @@ def _stopped_together(info: DistInfo, epoch: int, step: int) -> bool:
         return True
     store = dist.distributed_c10d._get_default_store()
     prefix = f"imagenet-train/stopped-waiting/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    here = f"{epoch}:{step}".encode()
+    here = f"{epoch}:{step}"
     try:
         store.set(f"{prefix}/{info.rank}", here)
         keys = [f"{prefix}/{rank}" for rank in range(info.world)]
@@ -173,7 +173,7 @@ def _stopped_together(info: DistInfo, epoch: int, step: int) -> bool:
             if time.monotonic() > ends:
                 return False
             time.sleep(0.05)
-        return all(store.get(key) == here for key in keys)
+        return all(store.get(key) == here.encode() for key in keys)
     except Exception:  # the store's timeout is a RuntimeError or DistStoreError, its loss a DistNetworkError
         return False
 

@@ -77,7 +77,7 @@ def _torchvision_model(arch: str, num_classes: int, zero_init_residual: bool, dr
         raise ImagenetTrainError(
             f"--arch: unknown model '{clip(arch)}' (torchvision has e.g. resnet18, resnet50; timm's are timm/NAME)"
         )
-    options = {}
+    options: dict[str, object] = {}
     if zero_init_residual:
         # torchvision's ResNet family (resnet, resnext, wide_resnet) takes zero_init_residual; the rest do not.
         if torchvision.models.get_model_builder(arch).__module__ != "torchvision.models.resnet":
@@ -176,12 +176,13 @@ def apply_small_stem(model: torch.nn.Module, arch: str = "") -> torch.nn.Module:
     """
     conv, norm = getattr(model, "conv1", None), getattr(model, "bn1", None)
     first = conv[0] if isinstance(conv, torch.nn.Sequential) and len(conv) else conv
-    if not (isinstance(first, torch.nn.Conv2d) and hasattr(norm, "num_features") and hasattr(model, "maxpool")):
+    width = getattr(norm, "num_features", None)
+    if not (isinstance(first, torch.nn.Conv2d) and isinstance(width, int) and hasattr(model, "maxpool")):
         raise ImagenetTrainError(
             f"--stem small: --arch {clip(arch)} has no ResNet stem (conv1, bn1, maxpool) to replace; it applies to "
             "torchvision's ResNet family and timm's ResNets; expected --stem imagenet"
         )
-    small = torch.nn.Conv2d(first.in_channels, norm.num_features, kernel_size=3, stride=1, padding=1, bias=False)
+    small = torch.nn.Conv2d(first.in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
     torch.nn.init.kaiming_normal_(small.weight, mode="fan_out", nonlinearity="relu")
     model.conv1 = small
     model.maxpool = torch.nn.Identity()

@@ -171,7 +171,7 @@ def distribute(
         model = sync_batchnorm(model, info.device, info.enabled)
     model = model.to(info.device)
     if channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # missing in torch's stubs
     ddp = DistributedDataParallel(model) if info.enabled else model
     if info.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: pick the fastest kernels once
@@ -228,8 +228,8 @@ class TrainStep:
             images, labels = self.batch_transform(images, labels)
         if group.starts:
             self.optimizer.zero_grad(set_to_none=True)
-        accumulating = not group.ends and self.ddp is not None
-        with self.ddp.no_sync() if accumulating else contextlib.nullcontext():
+        accumulating = self.ddp.no_sync() if not group.ends and self.ddp is not None else None
+        with accumulating or contextlib.nullcontext():
             with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
                 loss = self.criterion(self.forward(images), labels)
             self.scaler.scale(loss / group.size).backward()  # the group's mean loss, as one batch of its size
