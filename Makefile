@@ -126,7 +126,7 @@ faults: venv system-deps
 launchers: venv system-deps launcher-deps
 	$(BIN)/python -m pytest -q -m launchers tests/integration/test_ssh_launch.py tests/integration/test_slurm.py \
 	  tests/integration/test_ray.py tests/integration/test_lightning.py tests/integration/test_notebook.py \
-	  tests/security/test_launcher_injection.py
+	  tests/security/test_launcher_injection.py tests/integration/test_telemetry_libraries.py
 
 # The chart's rendered pods run with podman, the harness playing the kubelet and the controllers (tests/e2e):
 # the shard server, its fill and `helm test`; each launcher (PyTorchJob, Indexed Job, JobSet, TrainJob) training

@@ -119,7 +119,8 @@ class Cluster:
         workloads = []
         for document in documents:
             kind, name = document["kind"], document["metadata"]["name"]
-            if kind in ("ConfigMap", "ServiceAccount", "PersistentVolumeClaim", "Service"):
+            # A NetworkPolicy is kept, not enforced: podman's bridge has no policy engine (test_chart.py checks them).
+            if kind in ("ConfigMap", "ServiceAccount", "PersistentVolumeClaim", "Service", "NetworkPolicy"):
                 self.objects[(kind, name)] = document
                 if kind == "Service":
                     self._service(document)

@@ -156,6 +156,7 @@ def test_core_objects_pass_kubernetes_validate_strict_for_1_30_to_1_35(rendered)
         "Deployment",
         "Job",
         "Pod",
+        "NetworkPolicy",
     }
     print(f"kubernetes-validate --strict: {len(core)} distinct core objects x {len(VALIDATE_VERSIONS)} versions")
 
@@ -457,6 +458,76 @@ def test_render_py_merges_values_files_like_helm(tmp_path):
     config = config_files(objects)
     assert config["train.yaml"] == {"lr": 0.4, "epochs": 5, "resume": "latest"}
     assert read_deployment(config["deployment.yaml"]).train_flags[3] == "/results/exp-1"
+
+
+def _selects(selector: dict, template: dict) -> bool:
+    return selector.items() <= template["metadata"].get("labels", {}).items()
+
+
+def _pods(objects: dict) -> tuple[list[dict], list[dict]]:
+    """(the training pods' templates, every other pod template) of one render."""
+    training, others = [], []
+    for obj in objects.values():
+        trains = obj["kind"] in ("PyTorchJob", "JobSet", "TrainJob") or (
+            obj["kind"] == "Job" and obj["metadata"]["labels"].get("app.kubernetes.io/component") == "trainer"
+        )
+        (training if trains else others).extend(k8s_checks.pod_templates(obj))
+    return training, others
+
+
+def _only_peer(policy: dict) -> tuple[dict, dict]:
+    """The one ingress rule of a policy and its one peer: pods of this namespace chosen by labels, nothing else."""
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert list(peer) == ["podSelector"] and list(peer["podSelector"]) == ["matchLabels"]
+    return rule, peer["podSelector"]["matchLabels"]
+
+
+def _another_release(template: dict) -> dict:
+    labels = {**template["metadata"]["labels"], "app.kubernetes.io/instance": "someone-else"}
+    return {"metadata": {"labels": labels}}
+
+
+def test_network_policies_let_only_the_jobs_own_pods_reach_its_store_and_shard_server(rendered):
+    for entry, outputs in rendered.items():
+        for source, objects in outputs.items():
+            where = f"{entry_id(entry)} {source}"
+            policies = {name: o for (kind, name), o in objects.items() if kind == "NetworkPolicy"}
+            trainer = policies.pop(f"{RELEASE}-imagenet-train-trainer")
+            shards = policies.pop(f"{RELEASE}-imagenet-train-shards", None)
+            assert not policies and (shards is not None) == (entry[1] == "nginx"), where
+            training, others = _pods(objects)
+            assert training and all(_selects(trainer["spec"]["podSelector"]["matchLabels"], t) for t in training)
+            assert not any(_selects(trainer["spec"]["podSelector"]["matchLabels"], t) for t in others), where
+            # Every port (the c10d store on launcher.port, NCCL's and Gloo's own), from this job's trainers only.
+            rule, peer = _only_peer(trainer)
+            assert "ports" not in rule and all(_selects(peer, t) for t in training), where
+            assert not any(_selects(peer, t) for t in others + [_another_release(t) for t in training]), where
+            if shards is None:
+                continue
+            server = objects[("Deployment", f"{RELEASE}-imagenet-train-shards")]["spec"]["template"]
+            chosen = [t for t in training + others if _selects(shards["spec"]["podSelector"]["matchLabels"], t)]
+            assert chosen == [server], where
+            rule, peer = _only_peer(shards)
+            named = {p["name"] for p in server["spec"]["containers"][0]["ports"]}
+            assert rule["ports"] == [{"port": "http", "protocol": "TCP"}] and "http" in named
+            helm_test = [t for t in others if t["metadata"]["labels"]["app.kubernetes.io/component"] == "test"]
+            assert helm_test and all(_selects(peer, t) for t in training + helm_test), where
+            assert not any(_selects(peer, _another_release(t)) for t in training), where
+
+
+def test_network_policies_are_off_with_network_policy_enabled_false(tmp_path):
+    path = tmp_path / "off.yaml"
+    path.write_text(yaml.safe_dump({"networkPolicy": {"enabled": False}}))
+    renders = {"render.py": parse(render([str(path)], release=RELEASE))}
+    for helm in ("helm", "helm3"):
+        result = helm_template(tool(helm), path, KUBE_VERSIONS[1])
+        assert result.returncode == 0, result.stderr
+        renders[helm] = parse(result.stdout)
+    for source, objects in renders.items():
+        assert "NetworkPolicy" not in {kind for kind, _ in objects}, source
+        assert ("Deployment", f"{RELEASE}-imagenet-train-shards") in objects  # the rest is unchanged
 
 
 def test_examples_are_up_to_date_with_the_templates():

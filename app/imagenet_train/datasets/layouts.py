@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, clip
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +19,10 @@ TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
 KAGGLE_ROOT = Path("ILSVRC/Data/CLS-LOC")
 KAGGLE_VAL_LABELS = "LOC_val_solution.csv"
+# A label file is a few MB (50,000 lines); past this it is no label file, and reading it whole would not do.
+MAX_LABEL_BYTES = 64 << 20
+# Characters of a name from a label file an error shows: an ImageNet name or wnid whole, never a whole line.
+EXCERPT = 40
 
 
 class SourceTooLarge(ValueError):
@@ -73,15 +77,31 @@ class _Tree:
         self.follow = follow_symlinks
         self.outside: list[str] = []
 
+    def leads_out(self, path: str | Path) -> bool:
+        """Whether `path` resolves (through symlinks) out of the tree, unless --follow-symlinks reads them all."""
+        if self.follow:
+            return False
+        real = os.path.realpath(path)
+        return not (real == self.real or real.startswith(self.real.rstrip(os.sep) + os.sep))
+
     def inside(self, path: str | Path, is_link: bool = True) -> bool:
         """Whether `path` may be read: not a symlink (or under one) resolving out of the tree; notes it if so."""
-        if self.follow or not is_link:
-            return True
-        real = os.path.realpath(path)
-        if real == self.real or real.startswith(self.real.rstrip(os.sep) + os.sep):
+        if not is_link or not self.leads_out(path):
             return True
         self.outside.append(str(path))
         return False
+
+    def own_file(self, path: Path, what: str) -> Path:
+        """`path`, a file the layout itself names (a tar, a label file); refused in one line if it leads out.
+
+        Not skipped as an image would be: a dataset without its train tar or its labels is no dataset, and a
+        link out of the tree is what a hostile tree uses to make `shards` read (and echo) a file elsewhere.
+        """
+        if self.leads_out(path):
+            raise ImagenetTrainError(
+                f"{path}: the {what} is a symlink leading out of the source tree; pass --follow-symlinks to read it"
+            )
+        return path
 
     def files(self, folder: Path) -> list[Path]:
         """The regular files directly in `folder` (a symlink leading out of the tree is left out, and noted)."""
@@ -141,42 +161,84 @@ def _image_folder_split(root: Path, split: str, classes: list[str] | None, tree:
     return images
 
 
-def read_val_labels(path: Path) -> dict[str, str]:
-    """Validation labels, image stem → wnid, from Kaggle's LOC_val_solution.csv or `<file> <wnid>` lines."""
+def _label_text(path: Path) -> str:
+    """The label file's text, bounded; one line naming the file when it is not one."""
     if not path.is_file():
         raise ImagenetTrainError(f"{path}: validation label file not found")
-    text = path.read_text()
+    with open(path, "rb") as stream:
+        data = stream.read(MAX_LABEL_BYTES + 1)
+    if len(data) > MAX_LABEL_BYTES:
+        raise ImagenetTrainError(f"{path}: over {MAX_LABEL_BYTES >> 20} MiB, not a validation label file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ImagenetTrainError(
+            f"{path}: not UTF-8 text (expected LOC_val_solution.csv or '<image file> <wnid>' lines)"
+        ) from None
+
+
+def read_val_labels(path: Path) -> dict[str, str]:
+    """Validation labels, image stem → wnid, from Kaggle's LOC_val_solution.csv or `<file> <wnid>` lines.
+
+    An error names the file, the line and what was expected, never the line itself: the file may not be the
+    label file the layout promised (a link planted in someone else's tree), and its content is not ours to print.
+    """
+    text = _label_text(path)
     labels: dict[str, str] = {}
     if text.startswith("ImageId"):
-        for lineno, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
-            prediction = (row.get("PredictionString") or "").split()
-            if not row.get("ImageId") or not prediction:
-                raise ImagenetTrainError(f"{path}:{lineno}: expected 'ImageId,PredictionString' with a wnid")
-            labels[_stem(row["ImageId"])] = prediction[0]
+        rows = csv.DictReader(io.StringIO(text))
+        try:
+            for lineno, row in enumerate(rows, start=2):
+                prediction = (row.get("PredictionString") or "").split()
+                if not row.get("ImageId") or not prediction:
+                    raise ImagenetTrainError(f"{path}:{lineno}: expected 'ImageId,PredictionString' with a wnid")
+                labels[_stem(row["ImageId"])] = prediction[0]
+        except csv.Error:
+            raise ImagenetTrainError(
+                f"{path}:{rows.line_num}: not readable as CSV (expected 'ImageId,PredictionString')"
+            ) from None
         return labels
     for lineno, line in enumerate(text.splitlines(), start=1):
         fields = line.replace(",", " ").split()
         if not fields:
             continue
         if len(fields) != 2:
-            raise ImagenetTrainError(f"{path}:{lineno}: expected '<image file> <wnid>', got '{line.strip()}'")
+            raise ImagenetTrainError(f"{path}:{lineno}: expected '<image file> <wnid>', got {len(fields)} fields")
         labels[_stem(fields[0])] = fields[1]
     return labels
+
+
+def _val_labels(root: Path, given: Path | None, tree: _Tree, missing: str) -> tuple[dict[str, str], str]:
+    """The validation labels and where they came from: `--val-labels`, else the layout's own label file."""
+    path = given or _default_val_labels(root)
+    if path is None:
+        raise ImagenetTrainError(missing)
+    if given is None or _under(given, root):  # a file in the tree obeys its rule, however it was named
+        tree.own_file(path, "validation label file")
+    return read_val_labels(path), str(path)
+
+
+def _under(path: Path, root: Path) -> bool:
+    """Whether `path` names a place inside `root`, as written (before any symlink is resolved)."""
+    path, root = os.path.abspath(path), os.path.abspath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _apply_val_labels(images: list[SourceImage], labels: dict[str, str], classes: list[str], where: str):
     missing = [i.name for i in images if i.key not in labels]
     if missing:
-        raise ImagenetTrainError(f"{where}: {len(missing)} validation images have no label (first: {missing[0]})")
+        raise ImagenetTrainError(
+            f"{where}: {len(missing)} validation images have no label (first: {clip(missing[0], EXCERPT)})"
+        )
     names = {i.key for i in images}
     orphans = sorted(set(labels) - names)
     if orphans:
         raise ImagenetTrainError(
-            f"{where}: label file names {len(orphans)} images that are not there (first: {orphans[0]})"
+            f"{where}: label file names {len(orphans)} images that are not there (first: {clip(orphans[0], EXCERPT)})"
         )
     unknown = sorted({labels[i.key] for i in images} - set(classes))
     if unknown:
-        raise ImagenetTrainError(f"{where}: labels use classes not in train (first: {unknown[0]})")
+        raise ImagenetTrainError(f"{where}: labels use classes not in train (first: {clip(unknown[0], EXCERPT)})")
     return [SourceImage(i.key, labels[i.key], i.path, i.offset, i.size, i.name) for i in images]
 
 
@@ -223,8 +285,8 @@ def _tar_members(path: str, stream, offset: int = 0, size: int | None = None):
         raise ImagenetTrainError(f"{path}: not a readable tar ({error})") from None
 
 
-def _ilsvrc_tars(root: Path, val_labels: Path | None) -> Dataset:
-    train_tar = root / TRAIN_TAR
+def _ilsvrc_tars(root: Path, val_labels: Path | None, tree: _Tree) -> Dataset:
+    train_tar = tree.own_file(root / TRAIN_TAR, "train tar")
     splits: dict[str, list[SourceImage]] = {}
     classes: list[str] = []
     with open(train_tar, "rb") as stream:
@@ -247,14 +309,16 @@ def _ilsvrc_tars(root: Path, val_labels: Path | None) -> Dataset:
     splits["train"] = train
     val_tar = root / VAL_TAR
     if val_tar.exists():
-        labels_path = val_labels or _default_val_labels(root)
-        if labels_path is None:
-            raise ImagenetTrainError(
-                f"{val_tar}: validation labels needed; pass --val-labels (LOC_val_solution.csv or '<file> <wnid>')"
-            )
+        tree.own_file(val_tar, "validation tar")
+        labels, where = _val_labels(
+            root,
+            val_labels,
+            tree,
+            f"{val_tar}: validation labels needed; pass --val-labels (LOC_val_solution.csv or '<file> <wnid>')",
+        )
         with open(val_tar, "rb") as stream:
             val = [SourceImage(_stem(n), "", str(val_tar), o, s, n) for n, o, s in _tar_members(str(val_tar), stream)]
-        splits["val"] = _apply_val_labels(val, read_val_labels(labels_path), classes, str(labels_path))
+        splits["val"] = _apply_val_labels(val, labels, classes, where)
     return Dataset("ilsvrc-tars", classes, splits)
 
 
@@ -274,10 +338,9 @@ def _kaggle(root: Path, val_labels: Path | None, tree: _Tree) -> Dataset:
     if val_dir.is_dir() and tree.inside(val_dir):
         files = tree.files(val_dir)
         val = [SourceImage(_stem(f.name), "", str(f), size=f.stat().st_size, name=f.name) for f in files]
-        labels_path = val_labels or _default_val_labels(root)
-        if labels_path is None:
-            raise ImagenetTrainError(f"{val_dir}: flat validation images need {root / KAGGLE_VAL_LABELS}")
-        splits["val"] = _apply_val_labels(val, read_val_labels(labels_path), classes, str(labels_path))
+        missing = f"{val_dir}: flat validation images need {root / KAGGLE_VAL_LABELS}"
+        labels, where = _val_labels(root, val_labels, tree, missing)
+        splits["val"] = _apply_val_labels(val, labels, classes, where)
     return Dataset("kaggle", classes, splits)
 
 
@@ -290,12 +353,10 @@ def _image_folder(root: Path, val_labels: Path | None, tree: _Tree) -> Dataset:
         if any(p.is_dir() for p in val_root.iterdir()):
             splits["val"] = _image_folder_split(val_root, "val", classes, tree)
         else:
-            labels_path = val_labels or _default_val_labels(root)
-            if labels_path is None:
-                raise ImagenetTrainError(f"{val_root}: flat validation images need --val-labels")
+            labels, where = _val_labels(root, val_labels, tree, f"{val_root}: flat validation images need --val-labels")
             files = tree.files(val_root)
             val = [SourceImage(_stem(f.name), "", str(f), size=f.stat().st_size, name=f.name) for f in files]
-            splits["val"] = _apply_val_labels(val, read_val_labels(labels_path), classes, str(labels_path))
+            splits["val"] = _apply_val_labels(val, labels, classes, where)
     return Dataset("imagefolder", classes, splits)
 
 
@@ -313,7 +374,7 @@ def discover(root: str | Path, val_labels: str | Path | None = None, follow_syml
         raise ImagenetTrainError(f"{root}: expected a directory holding the dataset")
     tree = _Tree(root, follow_symlinks)
     if (root / TRAIN_TAR).is_file():
-        dataset = _ilsvrc_tars(root, labels)  # two files named by the layout, read in place: nothing to walk
+        dataset = _ilsvrc_tars(root, labels, tree)  # two files named by the layout, read in place: nothing to walk
     elif (root / KAGGLE_ROOT).is_dir():
         dataset = _kaggle(root, labels, tree)
     elif (root / "train").is_dir():

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.launcher_death import GRACE_VARIABLES
+from imagenet_train.launchers.telemetry import telemetry_defaults
 
 DEFAULT_PORT = "29500"
 # Seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL (a pod's
@@ -247,6 +248,7 @@ def run(program: list[str], nproc: str | None = None, dry_run: bool = False, gra
     if dry_run:
         return 0
     os.environ.update(launch.env)
+    os.environ.update(telemetry_defaults(os.environ))  # for torchrun and every rank; the operator's own win
     # torchrun's own settings (the flag's and its fallback), read by every rank too: a rank whose launcher dies
     # gets the same grace (launchers/launcher_death.py), and a torchrun without --shutdown-timeout honours it.
     for name in GRACE_VARIABLES:

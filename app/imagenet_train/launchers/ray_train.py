@@ -54,6 +54,11 @@ def run(cfg: Config, options: RayOptions) -> dict:
         from ray.train.torch import TorchConfig, TorchTrainer
     except ImportError:
         raise ImagenetTrainError("ray: needs Ray Train (pip install 'imagenet-train[ray]')") from None
+    from imagenet_train.launchers.telemetry import telemetry_defaults
+
+    # Before ray.init: a local cluster's processes start from this environment. One started elsewhere
+    # (`ray start`, RAY_ADDRESS) decides at its own start; the image's ENV carries the same switches.
+    os.environ.update(telemetry_defaults(os.environ))
     ray.init(address=options.address or None, logging_level=logging.WARNING, include_dashboard=False)
     try:
         workers, use_gpu = world_size(options, int(ray.cluster_resources().get("GPU", 0)))
