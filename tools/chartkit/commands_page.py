@@ -61,7 +61,9 @@ def _setting_row(field: dataclasses.Field, metadata: Any) -> str:
     """One table row for a training setting a command takes as `train` does."""
     rule: Setting = metadata["setting"]
     kind = type(field.default)
-    takes = expectation(kind, rule) if rule.choices or kind in (int, float) else ("true/false" if kind is bool else "text")
+    takes = (
+        expectation(kind, rule) if rule.choices or kind in (int, float) else ("true/false" if kind is bool else "text")
+    )
     what = metadata["context"] + rule.help
     names = f"`{flag(field.name)}` / `--no-{field.name.replace('_', '-')}`" if kind is bool else f"`{flag(field.name)}`"
     return f"| {names} | `{json.dumps(field.default)}` | {_cell(takes)} | {SETTINGS_LINK}: {_cell(what)} |"

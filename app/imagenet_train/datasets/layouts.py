@@ -220,8 +220,8 @@ def _val_labels(root: Path, given: Path | None, tree: _Tree, missing: str) -> tu
 
 def _under(path: Path, root: Path) -> bool:
     """Whether `path` names a place inside `root`, as written (before any symlink is resolved)."""
-    path, root = os.path.abspath(path), os.path.abspath(root)
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+    where, top = os.path.abspath(path), os.path.abspath(root)
+    return where == top or where.startswith(top.rstrip(os.sep) + os.sep)
 
 
 def _apply_val_labels(images: list[SourceImage], labels: dict[str, str], classes: list[str], where: str):
