@@ -48,12 +48,14 @@ help:
 	@echo "make image-test - build the image for real (podman) and run it"
 
 # Debian packages the demo and tests run for real: nginx (shard server), libturbojpeg0 (fused decoder),
-# dataset-fashion-mnist (`imagenet-train fashion-mnist` and `make mechanisms`; its one test skips without it).
+# dataset-fashion-mnist (`imagenet-train fashion-mnist` and `make mechanisms`; its one test skips without it),
+# prometheus (the metrics test scrapes a torchrun run with a real one; the test starts its own on 127.0.0.1).
+SYSTEM_PACKAGES := nginx libturbojpeg0 dataset-fashion-mnist prometheus
 system-deps:
 	@{ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; } && ldconfig -p | grep -q libturbojpeg \
-	  && [ -d /usr/share/datasets/fashion-mnist ] || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libturbojpeg0 dataset-fashion-mnist >/dev/null; \
-	  else echo "missing: sudo apt-get install -y nginx libturbojpeg0 dataset-fashion-mnist" >&2; exit 1; fi; }
+	  && [ -d /usr/share/datasets/fashion-mnist ] && command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+	  else echo "missing: sudo apt-get install -y $(SYSTEM_PACKAGES)" >&2; exit 1; fi; }
 
 # torch is installed first and pinned by constraints.txt so no resolver swaps it for a CUDA build.
 # The registry's torchvision is a CUDA build; --no-deps keeps it from pulling anything, and

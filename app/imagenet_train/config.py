@@ -428,6 +428,13 @@ class RunConfig:
         0, "also checkpoint every N batches inside an epoch, for mid-epoch resume (0: epoch ends only)", minimum=0
     )
     log_keys: bool = setting(False, "debug: record every sample key read, per rank and epoch, under RUN_DIR/keys")
+    metrics_port: int = setting(
+        0,
+        "serve Prometheus metrics at /metrics on this port plus the local rank, on every interface (0: off); see "
+        "docs/metrics.md",
+        minimum=0,
+        maximum=65535 - 1024,
+    )
     total_samples: int = setting(
         0,
         "train for this many samples instead of --epochs (resampled mode; evaluation, checkpoints and metrics "

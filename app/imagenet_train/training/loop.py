@@ -34,6 +34,7 @@ from imagenet_train.training.hooks import (
     replicas_in_sync,
     stop_waiting,
 )
+from imagenet_train.training.metrics import run_metrics
 from imagenet_train.training.parts import RunParts
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class Trainer:
         self.stop_position: Position | None = None  # where a pre-emption stopped the epoch
         self.stop_signal = 0
         self.progress = progress.RunProgress.of(self.schedule, info.is_main)  # the TrainJob's status (rank 0)
+        self.metrics = run_metrics(cfg.run.metrics_port, info)  # Prometheus' /metrics on every rank
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> None:
@@ -95,7 +97,7 @@ class Trainer:
 
     def save(self, epoch: int, position: Position | None = None) -> Path | None:
         """Every rank: rank 0 writes the checkpoint, and all learn together whether that worked."""
-        path = None
+        path, began = None, time.perf_counter()
         if self.info.is_main:
             try:
                 path = self.dir.state.write(epoch, position)
@@ -103,6 +105,7 @@ class Trainer:
                 self.vote.fail(error)
         verdict, _ = self.vote.settle()
         self.vote.raise_failure(verdict)
+        self.metrics.checkpoint_written(time.perf_counter() - began)  # every rank: they learnt it together
         return path
 
     # -- one epoch ----------------------------------------------------------------------------
@@ -124,11 +127,14 @@ class Trainer:
             print(f"world size changed from {saved.world} to {info.world} mid-epoch: {what}", flush=True)
         return start.position
 
-    def _hooks(self, epoch: int, steps: int, position: Position) -> tuple[list[StepHook], StopVote]:
+    def _hooks(
+        self, epoch: int, steps: int, position: Position, tally: progress.EpochTally
+    ) -> tuple[list[StepHook], StopVote]:
         """This epoch's per-step extras (`steps` batches) and its stop vote, the last of them: it runs after every
         hook that may fail."""
         info, run, start = self.info, self.cfg.run, position.step
         hooks: list[StepHook] = [self.ema.at(epoch * self.schedule.interval, steps)] if self.ema else []
+        hooks.append(self.metrics.at(epoch, tally.wait, info.device))
         if self.exact:
             hooks.append(PositionLog(self.dir.key_log(epoch, info.rank, start), self.vote))
         if run.log_keys:  # a resumed part of an epoch appends
@@ -159,9 +165,9 @@ class Trainer:
         """Train one epoch (or what is left of it); returns its record, identical on every rank."""
         position = self._prepare_epoch(epoch)
         info, steps, loader = self.info, self.schedule.epoch_batches(epoch), self.batches.train
-        (hooks, vote), stopped = self._hooks(epoch, steps, position), False
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         tally = progress.EpochTally(position.step, loader.damage(), loss_sum, self.schedule.base_lr)
+        (hooks, vote), stopped = self._hooks(epoch, steps, position, tally), False
         bar = tqdm(
             total=steps,
             initial=tally.step,
@@ -240,6 +246,7 @@ class Trainer:
         record["replicas_in_sync"] = replicas_in_sync(self.model, self.step.optimizer, self.info)
         record["epoch_time_s"] = round(time.time() - started, 3)
         record["samples_per_s"] = round(record["train_samples"] / max(record["epoch_time_s"], 1e-9), 1)
+        self.metrics.epoch_end(record, self.batches.train.damage())
         if self.dir.records:  # before the checkpoint: a checkpoint of an epoch implies its line (see run_record)
             self.dir.records.write(record, sum(self.schedule.epoch_batches(e) for e in range(epoch + 1)))
             if not record["replicas_in_sync"]:
