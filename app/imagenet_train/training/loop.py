@@ -163,7 +163,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         tally = progress.EpochTally(position.step, loader.damage(), loss_sum, self.schedule.base_lr)
         bar = tqdm(
-            total=steps,
+            total=self.schedule.known_batches(epoch),  # queue mode: no total, a rank's batches follow its claims
             initial=tally.step,
             desc=f"epoch {epoch}",
             unit="batch",
