@@ -85,16 +85,20 @@ def _explained(error: Any, schema: dict, strict: Any) -> Iterable[tuple[str, str
     if rule is not None:
         # The keys of the rule's `then` that fail, each with the rule's own words (chart_schema.rule).
         scope, expected = list(error.absolute_path), rule["then"]["else"]["required"][0]
-        for inner in strict(rule["then"]["if"]).iter_errors(error.instance):
-            missing = [inner.validator_value[0]] if inner.validator == "required" else []
-            yield _field([*scope, *inner.absolute_path, *missing]), expected, True
+        broken = [
+            [*inner.absolute_path, *([inner.validator_value[0]] if inner.validator == "required" else [])]
+            for inner in strict(rule["then"]["if"]).iter_errors(error.instance)
+        ]
+        for path in broken or [[]]:
+            yield _field([*scope, *path]), expected, True
         return
     deepest = jsonschema.exceptions.best_match([error]) if error.context else error
     path = list(deepest.absolute_path)
     if deepest.validator == "additionalProperties":
         unknown = sorted(set(deepest.instance) - set(deepest.schema.get("properties", {})))
         yield _field(path + unknown[:1]), "unknown key (not in values.schema.json)", False
-    elif error.validator in ("anyOf", "oneOf", "pattern", "const"):  # jsonschema's words name no expectation
+    elif error.validator in ("anyOf", "oneOf", "pattern", "const") and not isinstance(error.instance, dict):
+        # jsonschema's words for these name no expectation ("... is not valid under any of the given schemas")
         yield (
             _field(list(error.absolute_path)),
             f"expected {described(error.schema)}, got {_shown(error.instance)}",
@@ -124,7 +128,7 @@ def _clipped(error) -> str:
 
 
 def _shown(value: Any) -> str:
-    return repr(clip(value)) if isinstance(value, str) else json.dumps(value)
+    return repr(clip(value)) if isinstance(value, str) else clip(json.dumps(value))
 
 
 def load_values(files: Iterable[str] = (), chart_dir: Path = CHART_DIR) -> dict:
