@@ -93,7 +93,7 @@ def test_a_queue_mode_batch_larger_than_the_data_is_refused_before_any_step_even
     )
     _assert_one_line_error(
         result,
-        "pre-flight: REFUSED: --batch-size 4096 on 1 ranks is a global batch of 4096, more than the 1438 samples",
+        "pre-flight: REFUSED: --batch-size 4096 on 1 rank is a global batch of 4096, more than the 1438 samples",
         "--batch-size 1438 or lower",
     )
     assert not (run_dir / "metrics.jsonl").exists()

@@ -296,7 +296,8 @@ def _batch_beyond_data(setup: Setup, ranks: list[RankPlan]) -> Assessment | None
     if samples >= global_batch:
         return None
     reason = (
-        f"--batch-size {setup.batch_size} on {setup.world} ranks is a global batch of {global_batch}, more than "
+        f"--batch-size {setup.batch_size} on {setup.world} rank{'s' * (setup.world != 1)} is a global batch of "
+        f"{global_batch}, more than "
         f"the {samples} samples of an epoch: every step would be a partial batch, with the LR scaled for "
         f"{global_batch}"
     )
