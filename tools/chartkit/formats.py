@@ -129,7 +129,9 @@ def described(schema: dict) -> str:
     if "pattern" in node:
         return f"text matching {node['pattern']}"
     low, high = node.get("minimum"), node.get("maximum")
-    kind = {"integer": "a whole number", "number": "a number", "boolean": "true or false"}.get(node.get("type"), "")
+    kind = {"integer": "a whole number", "number": "a number", "boolean": "true or false"}.get(
+        str(node.get("type")), ""
+    )
     bounds = f" from {low} to {high}" if low is not None and high is not None else ""
     bounds = bounds or (f" >= {low}" if low is not None else (f" <= {high}" if high is not None else ""))
     return (kind or str(node.get("type", "a value"))) + bounds
