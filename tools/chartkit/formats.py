@@ -45,7 +45,8 @@ class Format:
         if not optional:
             return schema
         if self.empty == "anyOf":
-            return {"anyOf": [{"type": "string", "maxLength": 0}, schema]}
+            # The kind first: of alternatives that fail alike, Helm 3 reports the first ("Does not match pattern").
+            return {"anyOf": [schema, {"type": "string", "maxLength": 0}]}
         if self.empty == "null":
             schema["type"] = [schema["type"], "null"]
             return schema
