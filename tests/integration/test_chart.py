@@ -392,10 +392,6 @@ RULES = [
         "launcher.nprocPerNode: 3 processes cannot each own one of the 8 GPUs in resources.limits",
     ),
     (
-        {"launcher": {"nodes": 3}, "train": {"global_batch_size": 1000}},
-        "train.global_batch_size: 1000 does not divide over 24 ranks",
-    ),
-    (
         {"launcher": {"nodes": 3, "elastic": {"enabled": True, "maxNodes": 2}}},
         "launcher.elastic: nodes=3 must lie between minNodes=1 and maxNodes=2",
     ),
@@ -431,6 +427,80 @@ def test_cross_field_rules_give_one_message_in_render_py_and_in_the_pods_launch(
         text=True,
     )
     assert launch.returncode == 2 and message in launch.stderr and launch.stderr.count("\n") == 1, launch.stderr
+
+
+RULE_WORDS = [
+    (
+        {"launcher": {"kind": "trainjob", "elastic": {"enabled": True}}},
+        "expected launcher.elastic.enabled = false when launcher.kind = trainjob (trainjob has no elastic policy: "
+        "use pytorchjob, indexedjob or jobset)",
+    ),
+    (
+        {"shards": {"nginx": {"fill": {"enabled": True}}}},
+        "expected from is set when enabled = true (a fill needs its source)",
+    ),
+]
+
+
+@pytest.mark.parametrize("values,words", RULE_WORDS, ids=["elastic-trainjob", "fill-source"])
+def test_helm_4_and_helm_3_name_what_a_broken_rule_expects_and_why(tmp_path, values, words):
+    # Helm prints a validator's words only ("value must be false"): the schema's rules carry theirs in a key.
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(values))
+    helm4 = helm_template(tool("helm"), path, KUBE_VERSIONS[1])
+    assert helm4.returncode != 0 and f"missing property '{words}'" in helm4.stderr, helm4.stderr
+    helm3 = helm_template(tool("helm3"), path, KUBE_VERSIONS[1])
+    assert helm3.returncode != 0 and f": {words} is required" in helm3.stderr, helm3.stderr
+
+
+def test_helm_3_names_the_kind_an_optional_value_failed_not_that_it_is_not_empty(tmp_path):
+    # Of anyOf's alternatives that fail alike Helm 3 reports the first: the kind comes before the empty one.
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"shards": {"nginx": {"fill": {"from": "s3://acme/shards"}}}}))
+    helm3 = helm_template(tool("helm3"), path, KUBE_VERSIONS[1])
+    assert helm3.returncode != 0 and "shards.nginx.fill.from: Does not match pattern '^gs://" in helm3.stderr
+    assert "String length must be less than or equal to 0" not in helm3.stderr, helm3.stderr
+
+
+# The chart states this rule too (templates/_validation.tpl), in the words of imagenet_train.deployment.
+UNEVEN_BATCHES = [
+    (
+        {"launcher": {"nodes": 3}, "train": {"global_batch_size": 1000}},
+        "train.global_batch_size: 1000 does not divide over 24 ranks; expected a multiple of 24",
+    ),
+    (
+        {"launcher": {"nodes": 3, "nprocPerNode": 0}, "train": {"global_batch_size": 1000, "grad_accum_steps": 2}},
+        "train.global_batch_size: 1000 does not divide over 24 ranks x 2 train.grad_accum_steps; expected a multiple "
+        "of 48",
+    ),
+    (
+        {
+            "launcher": {"nodes": 2},
+            "resources": {"limits": {"nvidia.com/gpu": "4"}},
+            "train": {"global_batch_size": 12},
+        },
+        "train.global_batch_size: 12 does not divide over 8 ranks; expected a multiple of 8",
+    ),
+]
+
+
+@pytest.mark.parametrize("values,message", UNEVEN_BATCHES, ids=["ranks", "ranks-x-accumulation", "gpus-as-text"])
+def test_a_global_batch_that_does_not_divide_over_the_ranks_is_one_line_in_helm_4_helm_3_and_render_py(
+    tmp_path, values, message
+):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(values))
+    for helm in (tool("helm"), tool("helm3")):
+        result = helm_template(helm, path, KUBE_VERSIONS[1])
+        assert result.returncode != 0 and result.stdout == "", f"{helm} accepted {values}"
+        assert f"templates/validation.yaml:2:4): {message}\n" in result.stderr, f"{helm}: {result.stderr}"
+    script = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "render.py"), "-f", str(path)], capture_output=True, text=True
+    )
+    assert script.returncode == 2 and script.stderr == f"render.py: error: {message}\n", script.stderr
+    fitting = {**values, "train": {**values["train"], "global_batch_size": int(message.rsplit(" ", 1)[1]) * 10}}
+    path.write_text(yaml.safe_dump(fitting))
+    assert helm_template(tool("helm"), path, KUBE_VERSIONS[1]).returncode == 0
 
 
 def test_render_py_merges_values_files_like_helm(tmp_path):

@@ -127,3 +127,33 @@ def test_a_bad_annotation_is_one_error_naming_the_line_and_key(tmp_path, old, ne
     with pytest.raises(ImagenetTrainError, match=r"^values\.yaml:\d+: ") as caught:
         schema.chart_schema_text(edited)
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"shards": {"nginx": {"fill": {"enabled": True, "from": "s3://acme/shards"}}}},
+            "shards.nginx.fill.from: expected gs://BUCKET[/PREFIX] or empty, got 's3://acme/shards'",
+        ),
+        (
+            {"launcher": {"kind": "trainjob", "elastic": {"enabled": True}}},
+            "launcher.elastic.enabled: expected launcher.elastic.enabled = false when launcher.kind = trainjob "
+            "(trainjob has no elastic policy: use pytorchjob, indexedjob or jobset)",
+        ),
+        (
+            {"shards": {"nginx": {"fill": {"enabled": True}}}},
+            "shards.nginx.fill.from: expected from is set when enabled = true (a fill needs its source)",
+        ),
+        ({"image": {"digest": "v0.1"}}, "image.digest: expected image digest (sha256:64 hex digits) or empty"),
+        ({"resources": {"limits": {"memory": "lots"}}}, "resources.limits.memory: expected Kubernetes quantity"),
+    ],
+    ids=["format-or-empty", "rule", "rule-is-set", "pattern", "quantity"],
+)
+def test_schema_errors_say_what_was_expected_and_which_rule_asks_it_once_per_field(changes, message):
+    from chartkit.values import coalesce
+
+    values = coalesce(yaml.safe_load(VALUES.read_text()), changes)
+    problems = schema_errors(values, json.loads(schema.SCHEMA.read_text()))
+    assert len(problems) == 1 and problems[0].startswith(message), problems

@@ -85,6 +85,20 @@ def test_bad_option_values_name_the_option(digit_shards):
     _assert_one_line_error(cli("train", "--shards", str(digit_shards), "--arch", "resnet9000"), "--arch")
 
 
+def test_a_queue_mode_batch_larger_than_the_data_is_refused_before_any_step_even_with_force(digit_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    result = cli(
+        *("train", "--shards", str(digit_shards), "--mode", "queue", "--batch-size", "4096", "--force"),
+        *("--run-dir", str(run_dir)),
+    )
+    _assert_one_line_error(
+        result,
+        "pre-flight: REFUSED: --batch-size 4096 on 1 rank is a global batch of 4096, more than the 1438 samples",
+        "--batch-size 1438 or lower",
+    )
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
 def test_a_stalled_shard_server_fails_the_run_with_a_message_not_a_hang(digit_shards, tmp_path):
     import socket
     import threading

@@ -1,6 +1,7 @@
 """Real `torchrun --nproc_per_node=2` training (gloo, CPU) on shards served by a real nginx."""
 
 import json
+import re
 from collections import Counter
 
 from imagenet_train.datasets.source import load_index
@@ -84,7 +85,16 @@ def test_resume_continues_the_epoch_count_and_the_metrics(digit_shards, tmp_path
     assert (run_dir / "checkpoints" / "epoch-0002.pt").exists()
 
 
-def test_queue_mode_hands_out_uneven_shards_at_run_time_each_sample_once(digit_shards, tmp_path):
+def last_progress(stderr: str, epoch: int) -> str:
+    """Rank 0's progress bar for `epoch` as tqdm last drew it (each redraw starts with a carriage return)."""
+    drawn = [line for line in re.split(r"[\r\n]", stderr) if line.startswith(f"epoch {epoch}: ")]
+    assert drawn, stderr[-3000:]
+    return drawn[-1]
+
+
+def test_queue_mode_hands_out_uneven_shards_at_run_time_each_sample_once_and_counts_progress_without_a_total(
+    digit_shards, tmp_path
+):
     run_dir = tmp_path / "run"
     result = torchrun(
         ["--shards", str(digit_shards), "--mode", "queue", "--run-dir", str(run_dir), "--epochs", "2", *SMALL],
@@ -95,6 +105,14 @@ def test_queue_mode_hands_out_uneven_shards_at_run_time_each_sample_once(digit_s
         seen = keys(run_dir, "train", m["epoch"])
         assert len(seen) == 1438 and set(seen.values()) == {1}
         assert m["train_samples"] == 1438 and m["replicas_in_sync"] is True
+        # A rank's batches follow the shards its workers claim, so the bar counts them without a total (it showed
+        # 16 of a total of 13, or ended at 10/13), and ends at the batches rank 0 really ran.
+        ran = len(
+            (run_dir / "position" / f"epoch-{m['epoch']:04d}" / "rank-0000-from-000000.keys").read_text().splitlines()
+        )
+        assert re.match(rf"epoch {m['epoch']}: {ran}batch \[", last_progress(result.stderr, m["epoch"])), result.stderr[
+            -3000:
+        ]
 
 
 def test_training_by_samples_seen_gives_equal_batches_per_interval(digit_shards, tmp_path):

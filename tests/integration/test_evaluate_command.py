@@ -123,3 +123,23 @@ def test_evaluate_rebuilds_a_narrow_small_stem_network_from_the_runs_config(tiny
     assert trained.returncode == 0, trained.stderr[-3000:]
     report = _evaluate(str(run_dir / "final.pt"), "--config", str(run_dir / "config.json"))
     assert report["arch"] == "timm/resnet18" and report["top1"] == read_metrics(run_dir)[-1]["top1"]
+
+
+def test_the_report_goes_beside_the_weights_never_into_the_run_dir_a_config_names(tiny_shards, tmp_path):
+    from imagenet_train.config import Config
+    from imagenet_train.training.models import architecture
+
+    cfg = Config()
+    cfg.run.arch = "resnet18"
+    weights = tmp_path / "downloaded" / "weights.pt"
+    weights.parent.mkdir()
+    torch.save(architecture(cfg.run, 3).state_dict(), weights)
+    their_run = tmp_path / "their-run"  # the folder of the run whose config.json is reused
+    their_run.mkdir()
+    config = tmp_path / "their-config.json"
+    config.write_text(json.dumps({"run_dir": str(their_run), "shards": str(tiny_shards), "arch": "resnet18"}))
+    result = cli("evaluate", str(weights), "--config", str(config), *TINY, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"written to {weights.parent / 'eval.json'}" in result.stdout
+    assert json.loads((weights.parent / "eval.json").read_text())["val_samples"] == 15
+    assert list(their_run.iterdir()) == []

@@ -9,8 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from imagenet_train.config import Config
+from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.simulate import simulate
 from imagenet_train.planning import plan
+from imagenet_train.planning.plan_table import format_assessment
+from imagenet_train.planning.queue_claims import equal_pace_claims, queue_first_shard
 
 
 def write_shards(folder, sizes) -> list[str]:
@@ -52,8 +56,9 @@ def test_planned_batches_equal_what_the_real_loaders_give(
     setup = plan.Setup(tuple(sizes), nodes, gpus, workers, batch, mode, epoch=epoch, epoch_batches=cut, repeat=repeat)
     assessment = plan.assess(setup)
     simulated = simulate(urls, setup)
-    if mode != "queue":  # queue shares follow rank speed; what is promised is every sample once
-        assert [r.batches for r in assessment.ranks] == [s.batches for s in simulated]
+    # Queue shares follow rank speed; the plan is what each rank gets when every worker reads at the same pace,
+    # as the simulation's workers do.
+    assert [r.batches for r in assessment.ranks] == [s.batches for s in simulated]
     if mode == "resampled":
         assert len({s.batches for s in simulated}) == 1  # every rank the same, always
     elif cut == 0 and repeat == 1:
@@ -88,7 +93,7 @@ def test_flags_an_epoch_longer_than_the_data():
 @pytest.mark.unit
 @pytest.mark.parametrize("mode", ["resampled", "split", "queue"])
 def test_the_plan_table_names_the_mode_by_its_flag_word(mode):
-    table = plan.format_assessment(plan.assess(plan.Setup((64,) * 4, workers=1, batch_size=16, mode=mode)))
+    table = format_assessment(plan.assess(plan.Setup((64,) * 4, workers=1, batch_size=16, mode=mode)))
     assert table.splitlines()[0].endswith(f"; mode {mode}")
     assert f"{plan.Verdict.HANG}" == "WILL HANG"
 
@@ -106,7 +111,8 @@ def test_queue_mode_plan_and_its_hang_without_join():
     assert plan.assess(
         plan.Setup((100,) * 8, gpus_per_node=2, workers=2, batch_size=32, mode="queue", join=False)
     ).verdict.startswith("WILL HANG")
-    assert plan.assess(plan.Setup((100,) * 3, gpus_per_node=2, workers=2, mode="queue")).verdict.startswith("WARN")
+    few_shards = plan.Setup((100,) * 3, gpus_per_node=2, workers=2, batch_size=32, mode="queue")
+    assert plan.assess(few_shards).verdict.startswith("WARN: 3 shards for 4 workers")
 
 
 @pytest.mark.unit
@@ -130,3 +136,71 @@ def test_warns_of_empty_shards_in_resampled_mode():
     assessment = plan.assess(plan.Setup((1, 0, 0), gpus_per_node=1, batch_size=1, epoch_batches=3))
     assert assessment.verdict.startswith("WARN: 2 of 3 shards are empty")
     assert "drop the empty shards" in assessment.fix
+
+
+DIGITS = (130,) * 11 + (8,)  # the digits demo's training shards: 1,438 samples
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode", ["queue", "split"])
+def test_a_global_batch_larger_than_the_data_is_refused_with_a_batch_that_fits(mode):
+    refused = plan.assess(plan.Setup(DIGITS, gpus_per_node=2, workers=2, batch_size=4096, mode=mode))
+    assert refused.verdict == (
+        "REFUSED: --batch-size 4096 on 2 ranks is a global batch of 8192, more than the 1438 samples of an epoch: "
+        "every step would be a partial batch, with the LR scaled for 8192"
+    )
+    assert refused.fix == "--batch-size 719 or lower" and refused.fails and not refused.hangs
+    assert plan.assess(plan.Setup(DIGITS, gpus_per_node=2, workers=2, batch_size=719, mode=mode)).level is not (
+        plan.Verdict.REFUSE
+    )
+
+
+@pytest.mark.unit
+def test_the_pre_flight_refuses_a_batch_larger_than_the_data_in_one_line_even_with_force():
+    cfg = Config()
+    cfg.data.mode, cfg.data.batch_size, cfg.data.workers, cfg.run.force = "queue", 4096, 2, True
+    with pytest.raises(ImagenetTrainError) as caught:
+        plan.preflight_check(cfg, DIGITS, world=2)
+    message = str(caught.value)
+    assert message.startswith("pre-flight: REFUSED: --batch-size 4096 on 2 ranks is a global batch of 8192")
+    assert message.endswith("; --batch-size 719 or lower") and "\n" not in message and "--force" not in message
+
+
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+    gpus=st.integers(1, 8),
+    workers=st.integers(0, 4),
+    batch=st.integers(1, 64),
+    mode=st.sampled_from(["split", "queue"]),
+    repeat=st.integers(1, 3),
+)
+@settings(max_examples=300, deadline=None)
+def test_exact_modes_refuse_exactly_the_batches_an_epoch_cannot_fill_and_the_fix_fits(
+    sizes, gpus, workers, batch, mode, repeat
+):
+    setup = plan.Setup(tuple(sizes), gpus_per_node=gpus, workers=workers, batch_size=batch, mode=mode, repeat=repeat)
+    read = sum(sizes) * (repeat if mode == "split" else 1)  # queue mode reads every shard once whatever --repeat says
+    assessment = plan.assess(setup)
+    assert (assessment.level is plan.Verdict.REFUSE) == (read < batch * gpus)
+    if assessment.level is plan.Verdict.REFUSE and read >= gpus:
+        fitted = int(assessment.fix.split()[1])
+        assert fitted == read // gpus
+        assert plan.assess(plan.Setup(**{**setup.__dict__, "batch_size": fitted})).level is not plan.Verdict.REFUSE
+
+
+@given(
+    sizes=st.lists(st.integers(0, 500), min_size=1, max_size=40),
+    world=st.integers(1, 6),
+    workers=st.integers(0, 5),
+    epoch=st.integers(0, 3),
+)
+@settings(max_examples=200, deadline=None)
+def test_queue_claims_at_an_equal_pace_give_every_shard_once_and_every_worker_its_first(sizes, world, workers, epoch):
+    order = plan.epoch_order(len(sizes), 0, epoch)
+    claims = equal_pace_claims(order, sizes, world, workers)
+    read = [shard for rank in claims for worker in rank for shard in worker]
+    assert sorted(read) == list(range(len(sizes)))
+    for rank in range(world):
+        for worker in range(max(workers, 1)):
+            first = queue_first_shard(rank, world, worker, max(workers, 1))
+            assert claims[rank][worker][:1] == ([order[first]] if first < len(order) else [])

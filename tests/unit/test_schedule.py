@@ -44,3 +44,15 @@ def test_lr_warms_up_then_decays_monotonically():
     peak = lrs.index(max(lrs))
     assert peak == s.interval  # one epoch is 1,000 samples: the 32nd step of 32 passes it, the 31st does not
     assert all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1 :], strict=False))
+
+
+def test_a_queue_epoch_is_the_longest_ranks_batches_at_an_equal_pace_and_its_progress_has_no_total():
+    from imagenet_train.planning import plan
+
+    s = schedule(mode="queue", workers=2)
+    ranks = plan.rank_plans(plan.Setup((300, 300, 250, 150), gpus_per_node=2, workers=2, batch_size=16, mode="queue"))
+    # One shard per worker: 300 + 250 samples are 19 + 16 batches of 16 on one rank, 300 + 150 are 19 + 10 on the other.
+    assert [r.batches for r in ranks] == [35, 29] and [r.samples for r in ranks] == [550, 450]
+    assert s.epoch_batches(0) == 35  # was ceil(1000 / 32) + 2 workers = 34, short of what rank 0 runs
+    assert s.known_batches(0) is None  # a rank's count follows the shards its workers claim at run time
+    assert schedule(mode="split", workers=1).known_batches(0) == schedule(mode="split", workers=1).epoch_batches(0)

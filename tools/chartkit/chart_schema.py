@@ -174,7 +174,12 @@ class _Builder:
         return schema
 
     def rule(self, rule: Rule, scope: dict) -> dict:
-        """`if A and B then C and D` as JSON Schema's if/then, with the rule's message as $comment."""
+        """`if A and B then C and D` as JSON Schema's if/then, with the rule's message as $comment.
+
+        Helm prints a validator's own words, never a description or $comment ("value must be false"), so the
+        `then` is `if C and D` with an `else` that requires a key no mapping of the chart can hold, named after
+        the rule: Helm 4 says "missing property 'expected C and D when A and B (why)'", Helm 3 "... is required",
+        and chartkit.values prints that text after the key that broke the rule."""
         match = re.fullmatch(r"if (.+?) then (.+)", rule.clause)
         if not match:
             self.fail(rule.scope, f"@rule: expected 'if CONDITION then RULE', got {rule.clause[:60]!r}", rule.line)
@@ -183,7 +188,8 @@ class _Builder:
             then = _merge([self.atom(rule, text, scope, False) for text in match.group(2).split(" and ")])
         except ValueError as error:
             self.fail(rule.scope, f"@rule: {error}", rule.line)
-        return {"$comment": rule.message, "if": when, "then": then}
+        expected = f"expected {match.group(2)} when {match.group(1)} ({rule.message})"
+        return {"$comment": rule.message, "if": when, "then": {"if": then, "else": {"required": [expected]}}}
 
     def atom(self, rule: Rule, text: str, scope: dict, condition: bool) -> dict:
         """One `path OP value`. A condition on a key holds only when the key is there (`!=` also when absent);

@@ -9,6 +9,7 @@ and for chartkit.values (which reads `$` the same way).
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 
 NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
@@ -44,7 +45,8 @@ class Format:
         if not optional:
             return schema
         if self.empty == "anyOf":
-            return {"anyOf": [{"type": "string", "maxLength": 0}, schema]}
+            # The kind first: of alternatives that fail alike, Helm 3 reports the first ("Does not match pattern").
+            return {"anyOf": [schema, {"type": "string", "maxLength": 0}]}
         if self.empty == "null":
             schema["type"] = [schema["type"], "null"]
             return schema
@@ -106,3 +108,31 @@ FORMATS: dict[str, Format] = {
         "annotation key: text",
     ),
 }
+
+
+def described(schema: dict) -> str:
+    """What a schema node takes, in the docs' words (a kind named here, one of an enum, a range), for messages
+    that would otherwise quote a pattern or say only that no alternative of an anyOf fits."""
+    node = {key: value for key, value in schema.items() if key not in ("description", "$comment")}
+    for form in FORMATS.values():
+        if node == form.of(False):
+            return form.doc
+        if (form.empty != "pattern" or "pattern" in form.schema) and node == form.of(True):
+            return f"{form.doc} or empty" if form.empty != "null" else f"{form.doc} or null"
+    if "anyOf" in node or "oneOf" in node:
+        return " or ".join(described(branch) for branch in node.get("anyOf") or node["oneOf"])
+    if node.get("maxLength") == 0 or node.get("maxItems") == 0:
+        return "empty"
+    if "enum" in node:
+        return "one of " + ", ".join(map(str, node["enum"]))
+    if "const" in node:
+        return json.dumps(node["const"])
+    if "pattern" in node:
+        return f"text matching {node['pattern']}"
+    low, high = node.get("minimum"), node.get("maximum")
+    kind = {"integer": "a whole number", "number": "a number", "boolean": "true or false"}.get(
+        str(node.get("type")), ""
+    )
+    bounds = f" from {low} to {high}" if low is not None and high is not None else ""
+    bounds = bounds or (f" >= {low}" if low is not None else (f" <= {high}" if high is not None else ""))
+    return (kind or str(node.get("type", "a value"))) + bounds

@@ -19,6 +19,7 @@ from imagenet_train.errors import CLIP, ImagenetTrainError, clip
 from imagenet_train.yaml_input import read_mapping
 
 from . import CHART_DIR
+from .formats import described
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -58,24 +59,63 @@ def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: dict) -> 
 
 
 def schema_errors(values: dict, schema: dict) -> list[str]:
-    """Every schema violation as 'field: what was expected', most specific first."""
+    """Every schema violation as 'field: what was expected', one per field, most specific first."""
     try:
         import jsonschema
     except ImportError:  # pragma: no cover
         raise ImagenetTrainError("jsonschema is missing: pip install 'imagenet-train[deploy]'") from None
     strict = jsonschema.validators.extend(jsonschema.Draft7Validator, {"pattern": _ecma_pattern})
-    validator = strict(schema)
-    messages = []
-    for error in sorted(validator.iter_errors(values), key=lambda e: list(e.absolute_path)):
-        deepest = jsonschema.exceptions.best_match([error]) if error.context else error
-        path = list(deepest.absolute_path)
-        if deepest.validator == "additionalProperties":
-            unknown = sorted(set(deepest.instance) - set(deepest.schema.get("properties", {})))
-            path += unknown[:1]
-            messages.append(f"{_field(path)}: unknown key (not in values.schema.json)")
-        else:
-            messages.append(f"{_field(path)}: {_clipped(deepest)}")
-    return messages
+    found: dict[str, tuple[bool, str]] = {}  # field -> (from a rule, message): a key's own schema speaks first
+    for error in strict(schema).iter_errors(values):
+        for field, message, ruled in _explained(error, schema, strict):
+            if field not in found or (found[field][0] and not ruled):
+                found[field] = (ruled, message)
+    return [f"{field}: {found[field][1]}" for field in sorted(found, key=_order)]
+
+
+def _order(field: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"[.\[\]]+", field) if part]
+
+
+def _explained(error: Any, schema: dict, strict: Any) -> Iterable[tuple[str, str, bool]]:
+    """(field, what was expected, whether a rule across keys said so) for one of jsonschema's errors."""
+    import jsonschema
+
+    rule = _broken_rule(schema, error.absolute_schema_path)
+    if rule is not None:
+        # The keys of the rule's `then` that fail, each with the rule's own words (chart_schema.rule).
+        scope, expected = list(error.absolute_path), rule["then"]["else"]["required"][0]
+        broken = [
+            [*inner.absolute_path, *([inner.validator_value[0]] if inner.validator == "required" else [])]
+            for inner in strict(rule["then"]["if"]).iter_errors(error.instance)
+        ]
+        for path in broken or [[]]:
+            yield _field([*scope, *path]), expected, True
+        return
+    deepest = jsonschema.exceptions.best_match([error]) if error.context else error
+    path = list(deepest.absolute_path)
+    if deepest.validator == "additionalProperties":
+        unknown = sorted(set(deepest.instance) - set(deepest.schema.get("properties", {})))
+        yield _field(path + unknown[:1]), "unknown key (not in values.schema.json)", False
+    elif error.validator in ("anyOf", "oneOf", "pattern", "const") and not isinstance(error.instance, dict):
+        # jsonschema's words for these name no expectation ("... is not valid under any of the given schemas")
+        yield (
+            _field(list(error.absolute_path)),
+            f"expected {described(error.schema)}, got {_shown(error.instance)}",
+            False,
+        )
+    else:
+        yield _field(path), _clipped(deepest), False
+
+
+def _broken_rule(schema: dict, schema_path: Iterable[Any]) -> dict | None:
+    """The rule (an if/then with a $comment) whose `then` the error's schema path runs through, if any."""
+    node: Any = schema
+    for part in schema_path:
+        if part == "then" and isinstance(node, dict) and "$comment" in node and "if" in node:
+            return node
+        node = node[part]
+    return None
 
 
 def _clipped(error) -> str:
@@ -85,6 +125,10 @@ def _clipped(error) -> str:
         shown = repr(clip(error.instance)) if isinstance(error.instance, str) else clip(error.instance)
         return shown + error.message[len(quoted) :]
     return error.message
+
+
+def _shown(value: Any) -> str:
+    return repr(clip(value)) if isinstance(value, str) else clip(json.dumps(value))
 
 
 def load_values(files: Iterable[str] = (), chart_dir: Path = CHART_DIR) -> dict:

@@ -40,7 +40,6 @@ SETTINGS = (
     "amp",
     "channels_last",
     "val_tta",
-    "run_dir",
 )
 
 
@@ -50,7 +49,7 @@ class EvaluateOptions:
 
     weights: str = positional("a checkpoint, RUN_DIR/final.pt, or a model state dict", metavar="FILE", nonempty=False)
     ema: bool = option(False, "score the EMA weights a --model-ema checkpoint holds")
-    out: str = option("", "JSON report file ('-': stdout; empty: RUN_DIR/eval.json)", metavar="FILE")
+    out: str = option("", "JSON report file ('-': stdout; empty: eval.json beside FILE)", metavar="FILE")
     config_file: str = option(
         "",
         "settings file, or a run's config.json to read the val shards as that run did; flags override it",
@@ -110,7 +109,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         print(line, file=sys.stderr, flush=True)
         return 0
-    out = Path(args.out or Path(cfg.run.run_dir) / "eval.json")
+    # Beside the weights it scored: a --config names another run's folder, which is not this report's.
+    out = Path(args.out) if args.out else Path(args.weights).parent / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(f"{line}; written to {out}", flush=True)

@@ -136,8 +136,10 @@ def _mismatches(setup: plan.Setup, assessment: plan.Assessment, simulated: list[
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Print the plan and its verdict (checked against the real loaders with --simulate); 1 on a hang or mismatch."""
+    """Print the plan and its verdict (--simulate: checked against the real loaders); 1 on WILL HANG, REFUSED or a
+    mismatch."""
     from imagenet_train.planning import plan
+    from imagenet_train.planning.plan_table import format_assessment
     from imagenet_train.planning.schedule import large_batch_advice
 
     setup, urls = args.setup
@@ -159,7 +161,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             document["mismatches"] = mismatches
         print(json.dumps(document, indent=1))
     else:
-        print(plan.format_assessment(assessment, show_workers=args.show_workers))
+        print(format_assessment(assessment, show_workers=args.show_workers))
         if advice:
             print(f"advice: {advice}")
         if simulated is not None:
@@ -174,7 +176,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 else f"the real loaders gave exactly the planned batches on all {setup.world} ranks"
             )
             print("simulation: " + ("; ".join(mismatches) if mismatches else agreed))
-    return 1 if assessment.hangs or mismatches else 0
+    return 1 if assessment.fails or mismatches else 0
 
 
 COMMANDS = (

@@ -33,6 +33,7 @@ from imagenet_train.loading.workers import (
     worker_init,
 )
 from imagenet_train.planning import plan
+from imagenet_train.planning.queue_claims import queue_first_shard
 
 
 def _worker() -> tuple[int, int]:
@@ -115,7 +116,7 @@ class ShardStream(IterableDataset):
         if self.queue is not None:
             # Without a shard of its own to start with, a rank whose workers start late found every shard of a
             # small epoch claimed and took no step (and rank 0 alone writes the mid-epoch checkpoints).
-            position = plan.queue_first_shard(self.rank, self.world, worker, workers)
+            position = queue_first_shard(self.rank, self.world, worker, workers)
             while position < len(order):
                 yield self.urls[order[position]]
                 position = self.world * workers + self.queue.claim(self.epoch)

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from imagenet_train.choices import BATCH_SIZE, EPOCH_BATCHES, REPEAT, SEED, WORKERS, Mode
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.planning.queue_claims import equal_pace_claims
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ class Verdict(str, Enum):
     OK = "OK"
     WARN = "WARN"
     HANG = "WILL HANG"
+    REFUSE = "REFUSED"  # it would run, but not as configured (a global batch larger than the epoch's samples)
 
     def __str__(self) -> str:
         return self.value
@@ -54,13 +56,6 @@ def repeated_order(order: Sequence[int], reps: int) -> list[int]:
 def worker_shards(order: Sequence[int], rank: int, world: int, worker: int, workers: int) -> list[int]:
     """The shards one DataLoader worker of one rank reads in split mode (ranks first, then workers)."""
     return assigned(assigned(order, rank, world), worker, workers)
-
-
-def queue_first_shard(rank: int, world: int, worker: int, workers: int) -> int:
-    """Queue mode: the position in the epoch's order a worker reads before it claims any, its first in split
-    mode. Claims hand out the positions from `world * workers` on, so every worker of every rank has a shard
-    however fast its peers start."""
-    return worker * world + rank
 
 
 def batches_for(samples: int, batch_size: int) -> tuple[int, int]:
@@ -168,6 +163,11 @@ class Assessment:
         """Whether the launch would hang (verdict WILL HANG)."""
         return self.level is Verdict.HANG
 
+    @property
+    def fails(self) -> bool:
+        """Whether `plan` exits 1: the launch would hang, or train other than as configured (REFUSED)."""
+        return self.level in (Verdict.HANG, Verdict.REFUSE)
+
 
 def rank_plans(setup: Setup) -> list[RankPlan]:
     """Each rank's shards, workers, samples and batches for one epoch of `setup` (no verdict)."""
@@ -182,28 +182,32 @@ def rank_plans(setup: Setup) -> list[RankPlan]:
                 )
             )
         return ranks
-    if setup.mode is Mode.QUEUE:
-        # Shards go to whichever worker asks first: only the even share of each rank can be planned.
-        samples = sum(sizes[shard] for shard in repeated_order(range(len(sizes)), setup.ra_reps))
-        for rank in range(setup.world):
-            share = len(assigned(range(samples), rank, setup.world))
-            full, partial = batches_for(share, setup.batch_size)
-            ranks.append(RankPlan(rank, (), setup.workers, share, full, partial, full + partial, ()))
-        return ranks
     order = repeated_order(epoch_order(len(sizes), setup.seed, setup.epoch), setup.ra_reps)
+    if setup.mode is Mode.QUEUE:  # reads every shard once whatever --repeat and --epoch-batches say
+        claims = equal_pace_claims(order, sizes, setup.world, setup.workers)
+        return [
+            _rank_plan(setup, rank, [s for w in mine for s in w], mine, setup.workers, 1, 0)
+            for rank, mine in enumerate(claims)
+        ]
     for rank in range(setup.world):
         mine = assigned(order, rank, setup.world)
         nworkers = loader_workers(len(mine), setup.workers)
-        per_worker = [tuple(assigned(mine, w, max(nworkers, 1))) for w in range(max(nworkers, 1))]
-        full = partial = 0
-        for shards in per_worker:
-            worker_full, worker_partial = batches_for(sum(sizes[s] for s in shards) * setup.repeat, setup.batch_size)
-            full += worker_full
-            partial += worker_partial
-        runs = min(setup.epoch_batches, full + partial) if setup.epoch_batches else full + partial
-        samples = sum(sizes[s] for s in mine) * setup.repeat
-        ranks.append(RankPlan(rank, tuple(mine), nworkers, samples, full, partial, runs, tuple(per_worker)))
+        per_worker = [assigned(mine, w, max(nworkers, 1)) for w in range(max(nworkers, 1))]
+        ranks.append(_rank_plan(setup, rank, mine, per_worker, nworkers, setup.repeat, setup.epoch_batches))
     return ranks
+
+
+def _rank_plan(
+    setup: Setup, rank: int, mine: list[int], per_worker: list[list[int]], workers: int, repeat: int, cut: int
+) -> RankPlan:
+    """One rank of split or queue mode: each worker batches its shards, read `repeat` times; `cut` (0: none)."""
+    counts = [
+        batches_for(sum(setup.shard_sizes[s] for s in shards) * repeat, setup.batch_size) for shards in per_worker
+    ]
+    full, partial = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    runs = min(cut, full + partial) if cut else full + partial
+    samples = sum(setup.shard_sizes[s] for s in mine) * repeat
+    return RankPlan(rank, tuple(mine), workers, samples, full, partial, runs, tuple(map(tuple, per_worker)))
 
 
 def assess(setup: Setup) -> Assessment:
@@ -215,6 +219,8 @@ def assess(setup: Setup) -> Assessment:
     ranks = rank_plans(setup)
     if setup.mode is Mode.RESAMPLED:
         return _assess_resampled(setup, ranks)
+    if refused := _batch_beyond_data(setup, ranks):
+        return refused
     if setup.mode is Mode.QUEUE:
         return _assess_queue(setup, ranks)
     notes = _idle_worker_notes(setup, ranks)
@@ -245,6 +251,8 @@ def preflight_check(
     if train_sizes is None:
         return None
     assessment = assess(Setup.of(cfg.data, cfg.run.seed, train_sizes, gpus_per_node=world))
+    if assessment.level is Verdict.REFUSE:  # not a hang: --force cannot make this batch fit the data
+        raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix}")
     if assessment.hangs and not cfg.run.force:
         raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix} (--force runs anyway)")
     if warn and assessment.level is not Verdict.OK:
@@ -281,11 +289,27 @@ def _assess_resampled(setup: Setup, ranks: list[RankPlan]) -> Assessment:
     return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, level, reason, notes, fix)
 
 
+def _batch_beyond_data(setup: Setup, ranks: list[RankPlan]) -> Assessment | None:
+    """Split and queue modes: a global batch larger than an epoch's samples makes every step a partial batch while
+    the LR is scaled for the full one (loss up, top-1 at chance): refused, with the largest batch that fits."""
+    samples, global_batch = sum(r.samples for r in ranks), setup.batch_size * setup.world
+    if samples >= global_batch:
+        return None
+    reason = (
+        f"--batch-size {setup.batch_size} on {setup.world} rank{'s' * (setup.world != 1)} is a global batch of "
+        f"{global_batch}, more than "
+        f"the {samples} samples of an epoch: every step would be a partial batch, with the LR scaled for "
+        f"{global_batch}"
+    )
+    fix = f"--batch-size {samples // setup.world} or lower" if samples >= setup.world else "more samples than ranks"
+    return Assessment(setup, tuple(ranks), samples, 0, 0, Verdict.REFUSE, reason, (), fix)
+
+
 def _assess_queue(setup: Setup, ranks: list[RankPlan]) -> Assessment:
     """Queue mode: batches follow each rank's speed; is there a Join, and a shard for every worker?"""
     notes = (
         "queue: shards are handed out at run time, so a rank's batches follow its speed; the "
-        "counts above are even shares, every sample is read once",
+        "counts above are what each rank gets when all workers read at the same pace; every sample is read once",
     )
     (level, reason), fix = (Verdict.OK, ""), ""
     workers = setup.world * max(setup.workers, 1)
@@ -364,31 +388,3 @@ def _assess_cut_split(setup: Setup, ranks: list[RankPlan], total: int, notes: li
     )
     fix = " or ".join(fixes)
     return Assessment(setup, tuple(ranks), consumed, dropped, duplicated, level, reason, tuple(notes), fix)
-
-
-def format_assessment(assessment: Assessment, show_workers: bool = False) -> str:
-    """The human table: one row per rank, then the epoch totals, the verdict and a suggested fix."""
-    setup = assessment.setup
-    lines = [
-        f"plan: {len(setup.shard_sizes)} shards, {sum(setup.shard_sizes)} samples; {setup.nodes} nodes x "
-        f"{setup.gpus_per_node} GPUs = {setup.world} ranks; {setup.workers} workers/rank; batch {setup.batch_size}; "
-        f"mode {setup.mode}",
-        f"{'rank':>5} {'shards':>7} {'workers':>8} {'samples':>9} {'full':>6} {'partial':>8} {'batches':>8}",
-    ]
-    for r in assessment.ranks:
-        lines.append(
-            f"{r.rank:>5} {len(r.shards):>7} {r.workers:>8} {r.samples:>9} {r.full_batches:>6} "
-            f"{r.partial_batches:>8} {r.batches:>8}"
-        )
-        if show_workers:
-            for worker, shards in enumerate(r.worker_shards):
-                lines.append(f"{'':>5}   worker {worker}: shards {', '.join(map(str, shards)) or '-'}")
-    lines.append(
-        f"per epoch: {assessment.samples_per_epoch} samples consumed, {assessment.dropped} not seen, "
-        f"{assessment.duplicated} repeated"
-    )
-    lines += [f"note: {note}" for note in assessment.notes]
-    lines.append(f"verdict: {assessment.verdict}")
-    if assessment.fix:
-        lines.append(f"suggested fix: {assessment.fix}")
-    return "\n".join(lines)

@@ -232,19 +232,26 @@ class Schedule:
             return self.epoch_batches_option or plan.resampled_epoch_batches(
                 self.train_samples, self.batch_size, self.world
             )
-        if self.train_sizes is None or self.mode == Mode.QUEUE:
-            # Queue mode: ranks take what they can; an even share (plus a partial batch per worker).
+        if self.train_sizes is None:
+            # No shard sizes: an even share, plus a partial batch per worker.
             return max(1, math.ceil(self.train_samples / self.global_batch)) + (self.workers or 1)
+        queue = self.mode == Mode.QUEUE  # ranks take what they can: counted at an equal pace, every shard once
         setup = plan.Setup.of(
             self,
             self.seed,
             self.train_sizes,
             gpus_per_node=self.world,
-            mode=Mode.SPLIT,
-            epoch_batches=self.epoch_batches_option,
+            mode=Mode.QUEUE if queue else Mode.SPLIT,
+            epoch_batches=0 if queue else self.epoch_batches_option,
+            repeat=1 if queue else self.repeat,
             epoch=epoch,
         )
         return max(r.batches for r in plan.rank_plans(setup))
+
+    def known_batches(self, epoch: int) -> int | None:
+        """The batches this rank runs in `epoch` when they are known before it starts; None in queue mode, where
+        a rank's count follows the shards its workers claim at run time (a faster rank claims more)."""
+        return None if self.mode == Mode.QUEUE else self.epoch_batches(epoch)
 
     @cached_property
     def interval(self) -> int:

@@ -169,7 +169,7 @@ class Trainer:
         tally = progress.EpochTally(position.step, loader.damage(), loss_sum, self.schedule.base_lr)
         (hooks, vote), stopped = self._hooks(epoch, steps, position, tally), False
         bar = tqdm(
-            total=steps,
+            total=self.schedule.known_batches(epoch),  # queue mode: no total, a rank's batches follow its claims
             initial=tally.step,
             desc=f"epoch {epoch}",
             unit="batch",
