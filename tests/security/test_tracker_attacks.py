@@ -8,6 +8,7 @@ that reports its own peak RSS (getrusage) before the sink starts and after it cl
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -124,3 +125,53 @@ def test_mlflow_credentials_for_a_plain_http_server_are_refused_at_start(digit_s
     assert "MLFLOW_TRACKING_TOKEN" in lines[0] and "https is required" in lines[0], lines[0]
     assert "secret-token-value" not in result.stderr + result.stdout
     assert not (tmp_path / "run").exists()
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Records the path and Authorization header of every request; `moved_to`: answer each with a 302 there."""
+
+    moved_to = ""
+    seen: list[tuple[str, str | None]]
+
+    def _answer(self) -> None:
+        self.seen.append((self.path, self.headers.get("Authorization")))
+        self.send_response(302 if self.moved_to else 200)
+        if self.moved_to:
+            self.send_header("Location", self.moved_to + self.path)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def recording(moved_to: str = "") -> Iterator[type[_Recorder]]:
+    """A recording server on 127.0.0.1 (redirecting to `moved_to`); its handler holds its URL and what it saw."""
+    handler = type("Recorder", (_Recorder,), {"moved_to": moved_to, "seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    server.daemon_threads = True
+    handler.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield handler
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_tracker_that_redirects_a_request_with_credentials_is_not_followed(tmp_path):
+    with recording() as elsewhere, recording(moved_to=elsewhere.url) as tracker:
+        environment = {**os.environ, "MLFLOW_TRACKING_URI": tracker.url, "MLFLOW_TRACKING_TOKEN": "secret-token"}
+        result = subprocess.run(
+            [sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, env=environment, timeout=300
+        )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert tracker.seen and all(header == "Bearer secret-token" for _, header in tracker.seen)
+    assert elsewhere.seen == [], f"a redirect was followed: {elsewhere.seen}"
+    warnings = json.loads(result.stdout.strip().splitlines()[-1])["warnings"]
+    assert any(line.startswith("tracker mlflow: ") and "302" in line for line in warnings), warnings

@@ -4,9 +4,8 @@ carries credentials, and never receive those credentials over plain http.
 MLflow talks to its server through `requests` sessions it makes itself, and reads every answer whole before
 looking at it: a hostile or broken server answering 256 MiB raised rank 0's peak RSS by ~800 MB (issue 46). Its
 sessions get a response hook here that refuses a declared length over the limit before reading a byte and stops
-reading an undeclared one at the limit; urllib3's own status retries, which would drain a 5xx answer whole into
-memory, are left to the tracker sink (it tries a failed call again at the next epoch). A refused answer is an
-exception like any other failed call: one warning, and training goes on.
+reading an undeclared one at the limit (the answers urllib3 drains before a retry, a 5xx, it reads in 64 KiB pieces
+and drops). A refused answer is an exception like any other failed call: one warning, and training goes on.
 
 W&B's network traffic leaves from its own service process (wandb-core), not from rank 0.
 """
@@ -82,10 +81,6 @@ def bound_mlflow() -> None:
         session = original(*args, **kwargs)  # cached by MLflow: the hook is added once per session
         if _capped not in session.hooks["response"]:
             session.hooks["response"].append(_capped)
-            for adapter in session.adapters.values():
-                retry = getattr(adapter, "max_retries", None)
-                if retry is not None:  # connection errors are still retried; statuses are the sink's to retry
-                    adapter.max_retries = retry.new(status_forcelist=None, respect_retry_after_header=False)
         return session
 
     bounded.bounded = True  # type: ignore[attr-defined]
