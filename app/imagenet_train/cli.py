@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if error.filename is None:
             raise
         # This machine's files (a read-only or full disk): one line naming the path, not a traceback.
-        print(f"imagenet-train: error: {error.filename}: {error.strerror}", file=sys.stderr)
+        print(f"imagenet-train: error: {visible(str(error.filename))}: {error.strerror}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
