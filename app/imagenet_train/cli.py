@@ -20,7 +20,7 @@ from imagenet_train.commands import (
     train_cmd,
 )
 from imagenet_train.commands.train_cmd import train_config  # noqa: F401 (its old home: notebooks import it from here)
-from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted, one_line
+from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted, one_line, visible
 from imagenet_train.launchers.launcher_death import die_with_launcher
 
 # Every command, in the order `imagenet-train --help` lists them; each module declares its own.
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             check(args)
         return dispatch(args)
     except ImagenetTrainError as error:
-        print(f"imagenet-train: error: {one_line(str(error))}", file=sys.stderr)
+        print(f"imagenet-train: error: {visible(one_line(str(error)))}", file=sys.stderr)
         return 2
     except Preempted as stop:
         waiting.leave_now(stop.exit_code)
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if error.filename is None:
             raise
         # This machine's files (a read-only or full disk): one line naming the path, not a traceback.
-        print(f"imagenet-train: error: {error.filename}: {error.strerror}", file=sys.stderr)
+        print(f"imagenet-train: error: {visible(str(error.filename))}: {error.strerror}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -21,10 +21,24 @@ class ImagenetTrainError(Exception):
     """An error caused by the user's input or environment, printed without a traceback."""
 
 
+def visible(text: str) -> str:
+    """`text` with every character a terminal or a log reader would act on made visible as its escape.
+
+    Untrusted text (a server's reason phrase or body, a tar member name or key, a file name from a source tree,
+    a tracker's answer) passes through here on its way to a terminal or a log: C0 and C1 controls, ESC, DEL, line
+    and paragraph separators and bidi overrides become `\\x1b`, `\\r`, `\\u202e`, so an OSC or CSI sequence
+    cannot retitle or clear the terminal, a carriage return cannot hide the URL before it, and a newline cannot
+    forge a log line. Printable text is returned as it is.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def clip(value: object, limit: int = CLIP) -> str:
     """`value` as printable text of at most `limit` characters (cut with '...'), for echoing input in an error."""
     text = value[: limit + 1] if isinstance(value, str) else _REPR.repr(value)
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: limit + 1])
+    text = visible(text[: limit + 1])
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

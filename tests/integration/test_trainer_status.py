@@ -19,7 +19,7 @@ import pytest
 from status_server import StatusServer, body_problems, make_pki
 
 from imagenet_train.training import progress
-from imagenet_train.training.progress import CA_VAR, TOKEN_VAR, URL_VAR, status_body
+from imagenet_train.training.status_client import CA_VAR, TOKEN_VAR, URL_VAR, status_body
 
 from conftest import REPO, SMALL_TRAIN, read_metrics, torchrun
 

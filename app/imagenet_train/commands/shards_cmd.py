@@ -12,6 +12,7 @@ from imagenet_train.config import MAX_IMAGE_PIXELS
 from imagenet_train.datasets.fashion_mnist import DEBIAN_SOURCE, ValFrom
 from imagenet_train.datasets.images import ImageCheck
 from imagenet_train.declarations import option, positional
+from imagenet_train.errors import visible
 
 
 @dataclass
@@ -135,16 +136,16 @@ def cmd_shards(args: argparse.Namespace) -> int:
     if document["reencoded"]:
         print(f"re-encoded as RGB JPEG: {len(document['reencoded'])}")
         for item in document["reencoded"][: args.list]:
-            print(f"  {item['source']}: {item['reason']}")
+            print(f"  {visible(item['source'])}: {visible(item['reason'])}")
     if document["skipped"]:
         print(f"skipped (not usable): {len(document['skipped'])}")
         for item in document["skipped"][: args.list]:
-            print(f"  {item['source']}: {item['reason']}")
+            print(f"  {visible(item['source'])}: {visible(item['reason'])}")
     links = document["outside_links"]
     if links:
         print(f"symlinks leading out of {args.source}, not followed (--follow-symlinks reads them): {len(links)}")
         for link in links[: args.list]:
-            print(f"  {link} -> {os.path.realpath(link)}")
+            print(f"  {visible(link)} -> {visible(os.path.realpath(link))}")  # names from the source tree
     print(f"index: {args.output.rstrip('/')}/shards.json")
     return 0
 

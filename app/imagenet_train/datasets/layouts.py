@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.errors import ImagenetTrainError, clip, visible
 
 log = logging.getLogger(__name__)
 
@@ -386,7 +386,7 @@ def discover(root: str | Path, val_labels: str | Path | None = None, follow_syml
     dataset.splits = {split: _keyed(split, images) for split, images in dataset.splits.items()}
     dataset.outside_links = tree.outside
     if tree.outside:
-        first = ", ".join(tree.outside[:3])
+        first = visible(", ".join(tree.outside[:3]))  # names from the source tree
         log.warning(
             "%d symlinks lead out of %s and were not followed (first: %s); --follow-symlinks reads them",
             len(tree.outside),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from imagenet_train.config import IO_TIMEOUT
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, visible
 from imagenet_train.io.atomic import atomic_write, replacing, write_failed
 from imagenet_train.io.resumable import Opened, Transient, call, is_local
 
@@ -78,7 +78,7 @@ def explain(url: str, error: Exception) -> ImagenetTrainError:
             f"{url}: permission denied (credentials: GOOGLE_APPLICATION_CREDENTIALS, workload identity, "
             "or gcloud auth application-default login)"
         )
-    return ImagenetTrainError(f"{url}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+    return ImagenetTrainError(f"{url}: {type(error).__name__}: {visible(str(error).splitlines()[0][:200])}")
 
 
 def missing(url: str) -> ImagenetTrainError:

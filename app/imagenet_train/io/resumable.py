@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from imagenet_train import waiting
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, visible
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +111,11 @@ class Outage:
 
 
 def describe(error: BaseException) -> str:
-    """A short reason for a failed attempt: 'Connection refused', 'HTTP 503 Service Unavailable'."""
+    """A short reason for a failed attempt: 'Connection refused', 'HTTP 503 Service Unavailable' (a server's words
+    with their control characters made visible)."""
     reason = getattr(error, "reason", None) or getattr(error, "strerror", None) or str(error) or type(error).__name__
     lines = str(getattr(reason, "strerror", None) or reason).splitlines()
-    return (lines[0] if lines else type(reason).__name__)[:200]  # an exception's text may be empty
+    return visible((lines[0] if lines else type(reason).__name__)[:200])  # an exception's text may be empty
 
 
 def _node_may_log() -> bool:

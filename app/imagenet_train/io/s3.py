@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, visible
 from imagenet_train.io.resumable import Opened, Transient
 
 
@@ -52,7 +52,7 @@ def explain(url: str, error: Exception) -> ImagenetTrainError:
             f"{url}: permission denied (credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
             "or an instance/pod role)"
         )
-    return ImagenetTrainError(f"{url}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+    return ImagenetTrainError(f"{url}: {type(error).__name__}: {visible(str(error).splitlines()[0][:200])}")
 
 
 PERMANENT_CODES = (

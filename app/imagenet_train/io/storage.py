@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 from imagenet_train import waiting
 from imagenet_train.config import IO_TIMEOUT
-from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.errors import ImagenetTrainError, clip, visible
 from imagenet_train.io import redirects
 from imagenet_train.io.pipe import CommandStream
 from imagenet_train.io.redirects import RedirectPolicy
@@ -151,9 +151,10 @@ def http_opener(
                         url, current, error.headers.get("Location"), hops, policy, outside_reason
                     )
                     continue
+                reason = clip(str(error.reason), 200)  # the server's own words: no escape sequence reaches a terminal
                 if error.code >= 500 or error.code in (408, 429):
-                    raise Transient(f"HTTP {error.code} {error.reason}") from None
-                raise ImagenetTrainError(f"{url}: HTTP {error.code} {error.reason}") from None
+                    raise Transient(f"HTTP {error.code} {reason}") from None
+                raise ImagenetTrainError(f"{visible(url)}: HTTP {error.code} {reason}") from None
         if position and response.status != 206:
             response.close()
             raise ImagenetTrainError(f"{url}: server ignored a Range request; cannot resume")

@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterator
 from typing import Protocol
 
+from imagenet_train.errors import visible
+
 BLOCK = 512
 REGULAR = (b"0", b"\x00", b"7")
 METADATA = (b"L", b"x", b"K", b"g")  # GNU long name/link, pax extended and global headers
@@ -101,8 +103,9 @@ def _pax_size(records: dict[bytes, bytes]) -> int | None:
 
 
 def _shown(name: str) -> str:
-    """A member name fit for a one-line message: at most 80 characters, undecodable bytes as '?'."""
-    return name[:80].encode("utf-8", "replace").decode()
+    """A member name fit for a one-line message: at most 80 characters, control characters and undecodable bytes
+    as escapes."""
+    return visible(name[:80])
 
 
 def _checked_size(size: int, kind: bytes, name: str) -> int:

@@ -15,7 +15,7 @@ from imagenet_train.choices import BrokenShardPolicy
 from imagenet_train.config import IO_TIMEOUT, MAX_CORRUPT_STREAK
 from imagenet_train.datasets.pixels import CorruptImage
 from imagenet_train.datasets.source import ShardInfo
-from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.errors import ImagenetTrainError, clip, visible
 from imagenet_train.io import storage, tarstream
 from imagenet_train.io.cache import open_cached, open_verified
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
@@ -93,7 +93,9 @@ _reported: set[tuple[str, str]] = set()  # (shard, message) pairs this process a
 def _warn_once(url: str, message: str, *args) -> None:
     if (url, message) not in _reported:
         _reported.add((url, message))
-        log.warning(message, url, *args)
+        # The shard's own words (a member name in a tar error) reach the log with their control characters visible.
+        shown = [visible(str(arg)) if isinstance(arg, str | BaseException) else arg for arg in args]
+        log.warning(message, visible(url), *shown)
 
 
 _mismatched: set[str] = set()  # shards this process found not to match their index: never read again
@@ -348,7 +350,7 @@ def decoded(
             image = transform(sample["jpg"])
         except (CorruptImage, CorruptSample) as error:
             counters.add(DamageCounters.CORRUPT)
-            log.warning("skipping corrupt sample %s in %s: %s", key, url, error)
+            log.warning("skipping corrupt sample %s in %s: %s", clip(key, 200), clip(url, 200), clip(str(error), 200))
             streak, damage = streak + 1, error
             if max_streak and streak >= max_streak:
                 raise ImagenetTrainError(

@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 from imagenet_train import waiting
 from imagenet_train.datasets.source import ShardIndex, load_index
-from imagenet_train.errors import ImagenetTrainError, one_line
+from imagenet_train.errors import ImagenetTrainError, one_line, visible
 from imagenet_train.io import storage, tarstream
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
 
@@ -93,5 +93,5 @@ def wait_for(
         except ImagenetTrainError as error:
             if time.monotonic() + interval > deadline:
                 raise ImagenetTrainError(f"{one_line(str(error))} (still failing after {timeout:.0f} s)") from None
-            print(f"waiting for shards: {error}", flush=True)
+            print(f"waiting for shards: {visible(str(error))}", flush=True)
             waiting.sleep(interval, "waiting for shards")

@@ -26,6 +26,7 @@ from imagenet_train.choices import Tracker
 from imagenet_train.config import RunConfig
 from imagenet_train.errors import ImagenetTrainError, clip, one_line
 from imagenet_train.io.atomic import atomic_write
+from imagenet_train.rundir.tracker_replies import bound_mlflow, check_transport
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +42,14 @@ LIBRARIES = {Tracker.MLFLOW.value: "mlflow", Tracker.WANDB.value: "wandb"}  # th
 
 
 def check_installed(tracker: str) -> None:
-    """Refuse --tracker when its library is not installed (every rank, before the process group)."""
+    """Refuse --tracker when its library is not installed, or its credentials would go over plain http (every rank,
+    before the process group)."""
     library = LIBRARIES.get(tracker)
     if library and importlib.util.find_spec(library) is None:
         raise ImagenetTrainError(
             f"--tracker {tracker}: the {library} library is not installed; pip install 'imagenet-train[{library}]'"
         )
+    check_transport(tracker)
 
 
 def flat_params(resolved: dict, prefix: str = "") -> dict[str, Any]:
@@ -81,6 +84,7 @@ class MlflowBackend:
     def __init__(self) -> None:
         for key, value in MLFLOW_HTTP_DEFAULTS.items():
             os.environ.setdefault(key, value)
+        bound_mlflow()  # answers bounded, no redirects: before the first request
         import mlflow
 
         self.mlflow, self.client, self.run_id = mlflow, mlflow.MlflowClient(), ""
@@ -263,7 +267,8 @@ class TrackerSink:
         self.run_id = self.backend.start(run_id, name, params)
         with atomic_write(self.run_dir / TRACKER_FILE) as stream:
             stream.write(json.dumps({"tracker": self.tracker, "run_id": self.run_id}).encode() + b"\n")
-        print(f"tracker {self.tracker}: run {self.run_id}{' resumed' if run_id == self.run_id else ''}", flush=True)
+        shown = clip(self.run_id, 128)  # the tracker server's answer
+        print(f"tracker {self.tracker}: run {shown}{' resumed' if run_id == self.run_id else ''}", flush=True)
 
 
 def saved_run_id(run_dir: Path, tracker: str, resume: bool) -> str | None:
