@@ -32,6 +32,7 @@ from imagenet_train.choices import (
 )
 from imagenet_train.declarations import Setting, check, declared, member, setting
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.redact import redacted
 
 # The settings' defaults and limits that the code below the settings uses too (loading/, datasets/, io/).
 CROP_SIZE = 224  # training crop (and evaluation crop unless set apart), in pixels (ResNet-50's ImageNet recipe)
@@ -488,8 +489,9 @@ class Config:
         return self.data, self.optim, self.run
 
     def to_json(self) -> str:
-        """Every setting, by section, as config.json holds it."""
-        return json.dumps(dataclasses.asdict(self), indent=1)
+        """Every setting, by section, as config.json, each checkpoint and the tracker's params hold it: others may
+        read those, so a URL's user info and signed query values are redacted (redact.py)."""
+        return json.dumps(redacted(dataclasses.asdict(self)), indent=1)
 
     def for_world(self, world_size: int) -> Config:
         """This config with each rank's batch derived from --global-batch-size (when set) for `world_size` ranks: the
