@@ -30,7 +30,7 @@ from imagenet_train.choices import (
     WarmupMethod,
     WeightsHead,
 )
-from imagenet_train.declarations import Setting, check, declared, member, setting
+from imagenet_train.declarations import Setting, Trust, check, declared, member, setting
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.redact import redacted
 
@@ -56,16 +56,19 @@ IO_TIMEOUT = 900.0
 
 @dataclass
 class DataConfig:
-    shards: str = setting("", "shard index (shards.json), its directory, or a URL to either")
+    shards: str = setting("", "shard index (shards.json), its directory, or a URL to either", trust=Trust.PIPE)
     trust_index: bool = setting(
         False,
         "let the index name shards anywhere: absolute URLs, other hosts, local paths, file: and pipe: commands "
         "(off: only names inside the index's own folder; turn on only for an index you wrote yourself)",
+        trust=Trust.WHEN_ON,
     )
     train_urls: str = setting(
-        "", "training shards as a URL spec instead of an index, e.g. 'http://host/x-{000000..000146}.tar'"
+        "",
+        "training shards as a URL spec instead of an index, e.g. 'http://host/x-{000000..000146}.tar'",
+        trust=Trust.PIPE,
     )
-    val_urls: str = setting("", "validation shards as a URL spec (with --train-urls)")
+    val_urls: str = setting("", "validation shards as a URL spec (with --train-urls)", trust=Trust.PIPE)
     train_samples: int = setting(0, "samples in --train-urls (sets the epoch length)", minimum=0)
     num_classes: int = setting(0, "classes (0: from the index)", minimum=0)
     mode: Mode = setting(
@@ -178,6 +181,7 @@ class DataConfig:
         "check every shard against the sha256 and size in the index while reading it (about 3 percent of the "
         "decode's CPU time); a mismatch is a broken shard, found at the shard's end (before use with "
         "--cache-dir); protects only as far as the index itself is trusted",
+        trust=Trust.WHEN_OFF,
     )
     max_image_pixels: int = setting(
         MAX_IMAGE_PIXELS,
