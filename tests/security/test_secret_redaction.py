@@ -105,3 +105,11 @@ def test_a_loader_workers_warning_naming_a_signed_url_shows_no_secret(digit_shar
     )
     assert "missing.tar" in result.stderr, result.stderr[-3000:]  # the worker's warning or the error line
     assert leaks(result.stderr) == [] and leaks(result.stdout) == []
+
+
+def test_launch_prints_the_torchrun_command_with_its_signed_urls_redacted():
+    url = f"http://127.0.0.1:9/train-{{0..3}}.tar?X-Amz-Signature={SIGNATURE}&X-Amz-Security-Token={TOKEN}"
+    result = cli("launch", "--dry-run", "--", "train", "--train-urls", url)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"--train-urls http://127.0.0.1:9/train-{{0..3}}.tar?X-Amz-Signature={MARK}" in result.stdout
+    assert leaks(result.stdout) == [] and leaks(result.stderr) == []

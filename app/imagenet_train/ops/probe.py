@@ -15,6 +15,7 @@ from imagenet_train.datasets.source import ShardIndex, load_index
 from imagenet_train.errors import ImagenetTrainError, one_line
 from imagenet_train.io import storage, tarstream
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
+from imagenet_train.redact import redact
 
 
 @dataclass(frozen=True)
@@ -88,5 +89,5 @@ def wait_for(
         except ImagenetTrainError as error:
             if time.monotonic() + interval > deadline:
                 raise ImagenetTrainError(f"{one_line(str(error))} (still failing after {timeout:.0f} s)") from None
-            print(f"waiting for shards: {error}", flush=True)
+            print(redact(f"waiting for shards: {error}"), flush=True)
             waiting.sleep(interval, "waiting for shards")
