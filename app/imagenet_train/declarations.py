@@ -25,7 +25,7 @@ class Trust(str, Enum):
 
     WHEN_ON = "true"  # a switch that widens trust when on (--trust-index)
     WHEN_OFF = "false"  # a check of untrusted input that is dropped when off (--no-verify-shards)
-    PIPE = "pipe:"  # a URL or URL spec: one naming `pipe:` anywhere (any case, in braces too) runs the shell
+    PIPE = "pipe:"  # a URL or URL spec naming `pipe:` anywhere (in braces or a :: list; any case) runs the shell
 
 
 @dataclass(frozen=True)

@@ -81,11 +81,11 @@ def test_train_with_trust_index_from_a_config_file_runs_nothing_the_index_names(
 @pytest.mark.parametrize(
     "spec",
     ["pipe:touch {marker}", "PIPE:touch {marker}", "{{pipe:touch {marker},x.tar}}", "a.tar::Pipe:touch {marker}"],
-    ids=["plain", "upper-case (webdataset's gopen lower-cases a scheme)", "inside braces", "in a :: list"],
+    ids=["plain", "upper-case (a scheme is case-insensitive: refused too)", "inside braces", "in a :: list"],
 )
 def test_a_recipe_naming_a_pipe_command_in_any_form_is_refused_before_anything_runs(tmp_path, marker, spec):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({"train_urls": spec.format(marker=marker), "num_classes": 2}))
+    recipe.write_text(yaml.safe_dump({"train_urls": spec.format(marker=marker), "num_classes": 2, "train_samples": 2}))
     result = cli("train", "--config", str(recipe), "--run-dir", str(tmp_path / "run"), *TINY_TRAIN, timeout=240)
     assert not marker.exists()
     one_line_refusal(result, f"--config {recipe}", "train_urls", "--train-urls")

@@ -15,6 +15,7 @@ import pytest
 import torch
 from integration import test_trackers
 
+from imagenet_train.ops.serve import NginxServer
 from imagenet_train.redact import MARK
 
 from conftest import SMALL_TRAIN, cli
@@ -92,18 +93,22 @@ def test_an_error_line_naming_a_signed_url_with_a_password_shows_neither(tmp_pat
     assert f"http://{MARK}@127.0.0.1:9/shards.json?X-Goog-Signature={MARK}&token={MARK}" in lines[0]
 
 
-def test_a_loader_workers_warning_naming_a_signed_url_shows_no_secret(digit_shards, shard_server, tmp_path):
-    train, samples = shard_names(digit_shards, "train")
-    spec = signed_spec(shard_server.url, train[:1]) + "::" + signed_spec(shard_server.url, ["missing.tar"])
-    result = cli(
-        "train",
-        *("--train-urls", spec, "--train-samples", str(samples), "--num-classes", "10"),
-        *SMALL_TRAIN,
-        *("--workers", "1", "--epochs", "1", "--epoch-batches", "1", "--io-timeout", "0"),
-        *("--no-tensorboard", "--run-dir", str(tmp_path / "run")),
-        timeout=300,
-    )
-    assert "missing.tar" in result.stderr, result.stderr[-3000:]  # the worker's warning or the error line
+def test_a_loader_workers_warning_naming_a_signed_url_shows_no_secret(digit_shards, tmp_path):
+    served = tmp_path / "served"
+    served.mkdir()
+    (train, *_), _ = shard_names(digit_shards, "train")
+    whole = (digit_shards / train).read_bytes()
+    (served / "whole.tar").write_bytes(whole)
+    (served / "cut.tar").write_bytes(whole[: len(whole) // 2])  # a broken shard: the worker warns, naming it
+    with NginxServer(str(served)) as server:
+        result = cli(
+            "train",
+            *("--train-urls", signed_spec(server.url, ["cut.tar", "whole.tar"]), "--train-samples", "130"),
+            *("--num-classes", "10", *SMALL_TRAIN, "--workers", "1", "--epochs", "1", "--epoch-batches", "4"),
+            *("--mode", "split", "--no-tensorboard", "--run-dir", str(tmp_path / "run")),
+            timeout=300,
+        )
+    assert "broken shard" in result.stderr and "cut.tar" in result.stderr, result.stderr[-3000:]
     assert leaks(result.stderr) == [] and leaks(result.stdout) == []
 
 
