@@ -22,6 +22,9 @@ from imagenet_train.commands import (
 from imagenet_train.commands.train_cmd import train_config  # noqa: F401 (its old home: notebooks import it from here)
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted, one_line, visible
 from imagenet_train.launchers.launcher_death import die_with_launcher
+from imagenet_train.redact import redact, redact_logs
+
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 # Every command, in the order `imagenet-train --help` lists them; each module declares its own.
 COMMANDS = (
@@ -58,7 +61,8 @@ def dispatch(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `imagenet-train` console script: parse, check every option, then dispatch."""
     die_with_launcher()  # first: a rank whose torchrun agent is killed from here on must not live on
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    redact_logs(LOG_FORMAT)  # a log line naming a URL never shows its password or signature
     try:
         args = build_parser().parse_args(argv)
         check = getattr(args, "check", None)
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             check(args)
         return dispatch(args)
     except ImagenetTrainError as error:
-        print(f"imagenet-train: error: {visible(one_line(str(error)))}", file=sys.stderr)
+        print(f"imagenet-train: error: {visible(redact(one_line(str(error))))}", file=sys.stderr)
         return 2
     except Preempted as stop:
         waiting.leave_now(stop.exit_code)

@@ -30,8 +30,9 @@ from imagenet_train.choices import (
     WarmupMethod,
     WeightsHead,
 )
-from imagenet_train.declarations import Setting, check, declared, member, setting
+from imagenet_train.declarations import Setting, Trust, check, declared, member, setting
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.redact import redacted
 
 # The settings' defaults and limits that the code below the settings uses too (loading/, datasets/, io/).
 CROP_SIZE = 224  # training crop (and evaluation crop unless set apart), in pixels (ResNet-50's ImageNet recipe)
@@ -55,16 +56,19 @@ IO_TIMEOUT = 900.0
 
 @dataclass
 class DataConfig:
-    shards: str = setting("", "shard index (shards.json), its directory, or a URL to either")
+    shards: str = setting("", "shard index (shards.json), its directory, or a URL to either", trust=Trust.PIPE)
     trust_index: bool = setting(
         False,
         "let the index name shards anywhere: absolute URLs, other hosts, local paths, file: and pipe: commands "
         "(off: only names inside the index's own folder; turn on only for an index you wrote yourself)",
+        trust=Trust.WHEN_ON,
     )
     train_urls: str = setting(
-        "", "training shards as a URL spec instead of an index, e.g. 'http://host/x-{000000..000146}.tar'"
+        "",
+        "training shards as a URL spec instead of an index, e.g. 'http://host/x-{000000..000146}.tar'",
+        trust=Trust.PIPE,
     )
-    val_urls: str = setting("", "validation shards as a URL spec (with --train-urls)")
+    val_urls: str = setting("", "validation shards as a URL spec (with --train-urls)", trust=Trust.PIPE)
     train_samples: int = setting(0, "samples in --train-urls (sets the epoch length)", minimum=0)
     num_classes: int = setting(0, "classes (0: from the index)", minimum=0)
     mode: Mode = setting(
@@ -177,6 +181,7 @@ class DataConfig:
         "check every shard against the sha256 and size in the index while reading it (about 3 percent of the "
         "decode's CPU time); a mismatch is a broken shard, found at the shard's end (before use with "
         "--cache-dir); protects only as far as the index itself is trusted",
+        trust=Trust.WHEN_OFF,
     )
     max_image_pixels: int = setting(
         MAX_IMAGE_PIXELS,
@@ -495,8 +500,9 @@ class Config:
         return self.data, self.optim, self.run
 
     def to_json(self) -> str:
-        """Every setting, by section, as config.json holds it."""
-        return json.dumps(dataclasses.asdict(self), indent=1)
+        """Every setting, by section, as config.json, each checkpoint and the tracker's params hold it: others may
+        read those, so a URL's user info and signed query values are redacted (redact.py)."""
+        return json.dumps(redacted(dataclasses.asdict(self)), indent=1)
 
     def for_world(self, world_size: int) -> Config:
         """This config with each rank's batch derived from --global-batch-size (when set) for `world_size` ranks: the

@@ -1,15 +1,18 @@
 """Settings read from a file, each checked by its declaration: `train --config FILE` (a recipe), a run's
-config.json, the chart's `train:` values."""
+config.json, the chart's `train:` values. A file is data: what runs a command or widens trust comes from the
+command line only (docs/security.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from imagenet_train.config import SECTIONS
-from imagenet_train.declarations import canonical_names, declared, flag, problem
+from imagenet_train.declarations import Setting, Trust, canonical_names, declared, flag, problem
 from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.redact import MARK, is_redacted, redact
 from imagenet_train.yaml_input import read_mapping
 
 
@@ -37,6 +40,54 @@ def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     return checked
 
 
-def load_settings(path: str | Path) -> dict[str, Any]:
-    """The settings in a YAML or JSON config file (`train --config FILE`), checked."""
-    return settings_from(read_mapping(path, "--config"), f"--config {path}")
+def load_settings(path: str | Path, given: Collection[str] = ()) -> dict[str, Any]:
+    """The settings in a YAML or JSON config file (`train --config FILE`), checked, and checked to be data
+    (`check_data`) but for the settings the command line gives (`given`), whose file values go unused."""
+    source = f"--config {path}"
+    settings = settings_from(read_mapping(path, "--config"), source)
+    check_data({name: value for name, value in settings.items() if name not in given}, source)
+    return settings
+
+
+# What a value that a file may not set would do, by its setting's Trust.
+WIDENS = {
+    Trust.WHEN_ON: "widens what is trusted",
+    Trust.WHEN_OFF: "turns a check of untrusted input off",
+    Trust.PIPE: "names a pipe: command for the shell to run",
+}
+
+
+def check_data(settings: Mapping[str, Any], source: str) -> None:
+    """Refuse, in one line naming `source` and the key, a file's value that runs a command or widens trust (its
+    declaration's `trust`), or one that a record redacted: the command line must give those."""
+    rules = _rules()
+    for name, value in settings.items():
+        rule = rules[name]
+        if rule.widens(value) and rule.trust:
+            shown = json.dumps(value) if isinstance(value, bool) else f"'{clip(redact(value))}'"
+            raise ImagenetTrainError(
+                f"{source}: {name}: {shown} {WIDENS[rule.trust]}, which a file may not set; "
+                f"pass {flag_for(name, value)} on the command line if you mean it"
+            )
+        if isinstance(value, str) and is_redacted(value):
+            raise ImagenetTrainError(
+                f"{source}: {name}: '{clip(value)}' holds a secret that the record redacted ({MARK}); "
+                f"pass {flag(name)} with the real value on the command line"
+            )
+
+
+def flag_for(name: str, value: Any) -> str:
+    """The flag that gives `value` to setting `name`: --trust-index, --no-verify-shards, --val-urls VALUE."""
+    if isinstance(value, bool):
+        return flag(name) if value else "--no-" + flag(name)[2:]
+    return f"{flag(name)} VALUE"
+
+
+def command_line_only(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings (checked, by name) whose values only a command line may give."""
+    rules = _rules()
+    return {name: value for name, value in settings.items() if rules[name].widens(value)}
+
+
+def _rules() -> dict[str, Setting]:
+    return {d.name: rule for section in SECTIONS for d, rule in declared(section)}

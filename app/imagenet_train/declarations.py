@@ -19,6 +19,15 @@ from typing import Any
 from imagenet_train.errors import ImagenetTrainError, clip
 
 
+class Trust(str, Enum):
+    """Which values of a setting run a command or widen what is trusted. Such a value is taken only from the
+    command line, never from a file (a `--config` YAML, a run's config.json, a recipe): a file is data."""
+
+    WHEN_ON = "true"  # a switch that widens trust when on (--trust-index)
+    WHEN_OFF = "false"  # a check of untrusted input that is dropped when off (--no-verify-shards)
+    PIPE = "pipe:"  # a URL or URL spec naming `pipe:` anywhere (in braces or a :: list; any case) runs the shell
+
+
 @dataclass(frozen=True)
 class Setting:
     """What a setting means and which values it takes."""
@@ -29,11 +38,22 @@ class Setting:
     maximum: float | None = None  # inclusive
     choices: tuple[str, ...] | None = None
     aliases: tuple[str, ...] = ()  # older names still taken, as flags and config keys
+    trust: Trust | None = None  # the values taken from the command line only (None: any value may come from a file)
+
+    def widens(self, value: Any) -> bool:
+        """Whether `value` runs a command or widens trust, so that only the command line may give it."""
+        if self.trust is Trust.WHEN_ON:
+            return value is True
+        if self.trust is Trust.WHEN_OFF:
+            return value is False
+        if self.trust is Trust.PIPE:
+            return isinstance(value, str) and Trust.PIPE.value in value.casefold()
+        return False
 
 
 def setting(default: Any, help: str, **rules: Any) -> Any:
     """A dataclass field carrying its Setting (help, minimum/above/maximum, choices: words or a str Enum,
-    aliases: older names that flags and config files still take)."""
+    aliases: older names that flags and config files still take, trust: which values only a flag may give)."""
     choices = rules.get("choices")
     if isinstance(choices, type) and issubclass(choices, Enum):
         rules["choices"] = tuple(member.value for member in choices)

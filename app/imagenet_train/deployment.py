@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any
 
 from imagenet_train.config import Config
-from imagenet_train.config_files import settings_from
+from imagenet_train.config_files import command_line_only, settings_from
 from imagenet_train.declarations import flag
 from imagenet_train.errors import ImagenetTrainError
 
@@ -189,6 +189,9 @@ def read_deployment(document: Mapping[str, Any]) -> Deployment:
         results=f"{bucket}/{run}" if bucket else "",
         cache_dir=CACHE_MOUNT if values["cache"]["enabled"] else "",
     )
+    # The operator's `train:` values reach `train` as train.yaml, a file; what only a command line may give
+    # (--trust-index, a pipe: URL) comes as flags as well, which train.yaml's values then do not override.
+    flags += settings_flags(command_line_only(settings_from(values.get("train") or {}, "train")))
     remote = values["shards"]["server"] != ShardServer.BUCKET
     return Deployment(
         nproc=nproc(values),

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from imagenet_train.config import SECTIONS
-from imagenet_train.declarations import declared, expectation, flag, json_schema
+from imagenet_train.declarations import Trust, declared, expectation, flag, json_schema
 from imagenet_train.deployment import OWNED
 
 from . import CHART_DIR, ROOT
@@ -48,6 +48,14 @@ def chart_schema_text(values: Path | None = None) -> str:
     return schema_text(_chart(values or VALUES)[0])
 
 
+# The note a setting with a `trust` rule gets in the settings table: the values a config file may not give.
+COMMAND_LINE_ONLY = {
+    Trust.WHEN_ON: "**Command line only** when on: a config file may not set `true` ([Security](security.md))",
+    Trust.WHEN_OFF: "**Command line only** when off: a config file may not set `false` ([Security](security.md))",
+    Trust.PIPE: "**Command line only** for a `pipe:` command: a config file may not name one ([Security](security.md))",
+}
+
+
 def flag_reference() -> str:
     """The docs' table of training settings: flag, config key, default and what it takes."""
     rows = ["| flag / config key | default | values | what it does |", "|---|---|---|---|"]
@@ -57,7 +65,7 @@ def flag_reference() -> str:
             takes = {bool: "true/false", str: "text"}.get(kind, "") if not rule.choices else ""
             takes = takes or expectation(kind, rule)
             default = json.dumps(declaration.default)
-            help_text = rule.help.replace("|", "\\|")
+            help_text = rule.help.replace("|", "\\|") + (f". {COMMAND_LINE_ONLY[rule.trust]}" if rule.trust else "")
             old = "".join(f" (older: `{flag(alias)}` / `{alias}`)" for alias in rule.aliases)
             rows.append(
                 f"| `{flag(declaration.name)}` / `{declaration.name}`{old} | `{default}` | {takes} | {help_text} |"

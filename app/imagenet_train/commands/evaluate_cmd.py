@@ -65,7 +65,7 @@ def _config_from(args: argparse.Namespace):
     from imagenet_train.config_files import load_settings
 
     given = vars(args)
-    chosen = load_settings(args.config_file) if args.config_file else {}
+    chosen = load_settings(args.config_file, given) if args.config_file else {}
     cfg = Config()
     for section in cfg.sections():
         for name in SETTINGS:

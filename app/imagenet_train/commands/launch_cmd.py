@@ -78,10 +78,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if wait_for and not args.dry_run:
         from imagenet_train.commands.train_cmd import train_config
         from imagenet_train.ops.probe import wait_for as wait_for_shards
+        from imagenet_train.redact import redact
 
         trust = program[:1] == ["train"] and train_config(program[1:]).data.trust_index  # the run's own choice
         result = wait_for_shards(wait_for, wait_timeout, trust_index=trust)
-        print(f"shards ready: {result.index} ({result.samples} train samples in {result.shards} shards)", flush=True)
+        ready = f"shards ready: {result.index} ({result.samples} train samples in {result.shards} shards)"
+        print(redact(ready), flush=True)
     return run(program, nproc=nproc, dry_run=args.dry_run, grace_period=args.grace_period)
 
 

@@ -66,7 +66,7 @@ def _settings(args: argparse.Namespace) -> None:
     from imagenet_train.config import defaults
     from imagenet_train.config_files import load_settings
 
-    chosen = load_settings(args.config_file) if args.config_file else {}
+    chosen = load_settings(args.config_file, args.given) if args.config_file else {}
     default = defaults()
     for name in PLAN_SETTINGS:
         if not hasattr(args, name):

@@ -38,7 +38,7 @@ def _config_from(args: argparse.Namespace):
     from imagenet_train.config_files import load_settings
 
     given = vars(args)
-    chosen = load_settings(given["config_file"]) if given.get("config_file") else {}
+    chosen = load_settings(given["config_file"], given) if given.get("config_file") else {}
     cfg = Config()
     for section in cfg.sections():
         for declaration, _ in declared(section):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.launcher_death import GRACE_VARIABLES
 from imagenet_train.launchers.telemetry import telemetry_defaults
+from imagenet_train.redact import redact
 
 DEFAULT_PORT = "29500"
 # Seconds the ranks get after SIGTERM/SIGUSR1 to finish their step and checkpoint before SIGKILL (a pod's
@@ -244,7 +245,7 @@ def run(program: list[str], nproc: str | None = None, dry_run: bool = False, gra
     launch = resolve(os.environ, nproc)
     argv = command(launch, program or ["train", "--help"], torchrun_options(grace_period))
     settings = "".join(f"{key}={value} " for key, value in launch.env.items())
-    print(f"imagenet-train launch: {launch.launcher}: {settings}torchrun {' '.join(argv[3:])}", flush=True)
+    print(redact(f"imagenet-train launch: {launch.launcher}: {settings}torchrun {' '.join(argv[3:])}"), flush=True)
     if dry_run:
         return 0
     os.environ.update(launch.env)

@@ -115,10 +115,13 @@ def forkserver_dies_with_rank() -> None:
 
 
 def worker_init(_: int) -> None:
-    """Run first in every DataLoader worker: die with the forkserver, leave pre-emption signals to the rank, and
-    say nothing of a batch's hand-over that the rank left."""
+    """Run first in every DataLoader worker: die with the forkserver, leave pre-emption signals to the rank, say
+    nothing of a batch's hand-over that the rank left, and redact the secrets of URLs its warnings name."""
     die_with_parent(_forkserver[0] if _forkserver else None)  # a forkserver gone since the fork: leave now
     from imagenet_train.loading.loader_signals import leave_to_the_rank
+    from imagenet_train.redact import redact_logs
+
+    redact_logs()
 
     # Called, not left to the import: a forkserver child has the module imported already, and torch's worker
     # loop has just installed its own SIGTERM handler, which dies of a signal its parent did not send.

@@ -16,6 +16,7 @@ from imagenet_train.datasets.source import ShardIndex, load_index
 from imagenet_train.errors import ImagenetTrainError, one_line, visible
 from imagenet_train.io import storage, tarstream
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
+from imagenet_train.redact import redact
 
 
 @dataclass(frozen=True)
@@ -93,5 +94,5 @@ def wait_for(
         except ImagenetTrainError as error:
             if time.monotonic() + interval > deadline:
                 raise ImagenetTrainError(f"{one_line(str(error))} (still failing after {timeout:.0f} s)") from None
-            print(f"waiting for shards: {visible(str(error))}", flush=True)
+            print(visible(redact(f"waiting for shards: {error}")), flush=True)
             waiting.sleep(interval, "waiting for shards")

@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from imagenet_train.choices import Tracker
 from imagenet_train.config import RunConfig
 from imagenet_train.errors import ImagenetTrainError, clip, one_line
 from imagenet_train.io.atomic import atomic_write
+from imagenet_train.redact import credentials, redact
 from imagenet_train.rundir.tracker_replies import bound_mlflow, check_transport
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,17 @@ def epoch_metrics(record: dict) -> dict[str, float]:
     }
 
 
+def move_credentials(environ: MutableMapping[str, str]) -> None:
+    """A user and password in MLFLOW_TRACKING_URI go to MLFLOW_TRACKING_USERNAME and _PASSWORD (the same basic
+    auth), leaving the URI plain: MLflow prints the URI on stdout at a run's end ("View run at") and in its
+    errors, and so do our warnings. Variables already set win."""
+    user, password, plain = credentials(environ.get("MLFLOW_TRACKING_URI", ""))
+    if user or password:
+        environ.setdefault("MLFLOW_TRACKING_USERNAME", user)
+        environ.setdefault("MLFLOW_TRACKING_PASSWORD", password)
+        environ["MLFLOW_TRACKING_URI"] = plain
+
+
 class MlflowBackend:
     """MLflow through its MlflowClient: MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME / _ID and its other variables
     are read by MLflow itself."""
@@ -84,6 +96,7 @@ class MlflowBackend:
     def __init__(self) -> None:
         for key, value in MLFLOW_HTTP_DEFAULTS.items():
             os.environ.setdefault(key, value)
+        move_credentials(os.environ)
         bound_mlflow()  # answers bounded, no redirects: before the first request
         import mlflow
 
@@ -211,7 +224,7 @@ class TrackerSink:
         if final.is_file():
             tags = {"final_checkpoint": str(final.resolve())}
             if self.results:
-                tags["final_checkpoint_mirror"] = f"{self.results.rstrip('/')}/final.pt"
+                tags["final_checkpoint_mirror"] = redact(f"{self.results.rstrip('/')}/final.pt")
             self.calls.put(lambda: self.backend.note(tags))
         self.calls.put(lambda: self.backend.finish())
         self.calls.put(None)
