@@ -1,4 +1,5 @@
-"""`report`'s PNGs: one function per plot, each drawing a bounded number of points on the axes it is given.
+"""`report`'s PNGs: one function per plot, each drawing a bounded number of points on the axes it is given
+(and the samples seen by each epoch's end, which the table shows too).
 
 A run of many epochs (a metrics file of 150,000 records is 17 MB) is drawn as at most MAX_POINTS points per
 curve: each point stands for a run of consecutive epochs and is their mean (the fewest and most batches on a
@@ -11,13 +12,30 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from statistics import fmean
 
-from imagenet_train.ops.run_report import samples_seen
+from imagenet_train.errors import ImagenetTrainError
 
 MAX_POINTS = 400  # per curve: a 6.4-inch plot at 110 dpi is ~700 pixels wide
 MAX_BARS = 60
 MARKED = 60  # curves of more points than this are drawn without markers
+
+
+def samples_seen(records: list[dict]) -> list[int]:
+    """Training samples seen by the end of each epoch, over all ranks."""
+    if all("samples_seen" in r for r in records):
+        return [int(r["samples_seen"]) for r in records]
+    return list(accumulate(_epoch_samples(r) for r in records))
+
+
+def _epoch_samples(record: dict) -> int:
+    """Samples an epoch trained on, with the steps a resumed epoch took before its checkpoint."""
+    samples, batches = int(record["train_samples"]), record["batches_per_rank"]
+    before = record.get("resumed_from_step", 0)
+    if before and sum(batches):
+        samples += round(before * len(batches) * samples / sum(batches))
+    return samples
 
 
 def _last(values: Sequence[float]) -> float:
@@ -171,8 +189,6 @@ def rendered(records: list[dict], name: str) -> dict[str, bytes]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        from imagenet_train.errors import ImagenetTrainError
-
         raise ImagenetTrainError("report: needs matplotlib (pip install 'imagenet-train[report]')") from None
     pngs = {}
     for plot, draw in PLOTS.items():

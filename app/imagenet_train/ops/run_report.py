@@ -10,11 +10,11 @@ import json
 import math
 import os
 import re
-from itertools import accumulate
 from pathlib import Path
 
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.atomic import own_folder, replace_in
+from imagenet_train.ops.report_plots import rendered, samples_seen
 
 MAX_FILE_BYTES = 64 << 20  # as run_record's MAX_METRICS_BYTES: a line per epoch, a few hundred bytes each
 MAX_LINE_BYTES = 1 << 20  # an epoch record is a few hundred bytes, plus two short lists per 1000 ranks
@@ -131,22 +131,6 @@ def _fits_list(value: object, kind: str) -> bool:
     return all(_fits(item, kind[:-1]) for item in value)
 
 
-def samples_seen(records: list[dict]) -> list[int]:
-    """Training samples seen by the end of each epoch, over all ranks."""
-    if all("samples_seen" in r for r in records):
-        return [int(r["samples_seen"]) for r in records]
-    return list(accumulate(_epoch_samples(r) for r in records))
-
-
-def _epoch_samples(record: dict) -> int:
-    """Samples an epoch trained on, with the steps a resumed epoch took before its checkpoint."""
-    samples, batches = int(record["train_samples"]), record["batches_per_rank"]
-    before = record.get("resumed_from_step", 0)
-    if before and sum(batches):
-        samples += round(before * len(batches) * samples / sum(batches))
-    return samples
-
-
 def summary_table(records: list[dict]) -> str:
     """A fixed-width table: one row per epoch, the first and last ones of a run of more than MAX_TABLE_ROWS."""
     header = ["epoch", "train loss", "val loss", "top-1", "top-5", "img/s", "data wait", "batches/rank", "seen"]
@@ -179,8 +163,6 @@ def summary_table(records: list[dict]) -> str:
 
 def write_plots(records: list[dict], folder: Path) -> list[Path]:
     """The PNGs in `folder` (made if absent; refused unless this user's and closed to others); the files written."""
-    from imagenet_train.ops.report_plots import rendered
-
     handle = own_folder(folder, "report:")  # refused before the drawing, not after
     try:
         pngs = rendered(records, folder.resolve().parent.name)
