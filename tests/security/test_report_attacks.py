@@ -104,6 +104,14 @@ def test_a_report_folder_others_may_write_to_is_refused(tmp_path, capsys):
     assert f"report: {run / 'report'}: mode drwxrwxrwx; expected a directory of this user" in one_error_line(capsys)
 
 
+def test_a_file_in_the_report_folders_place_is_one_line_and_left_as_it_was(tmp_path, capsys):
+    run = _run(tmp_path / "run")
+    (run / "report").write_bytes(VICTIM)
+    assert main(["report", str(run)]) == 2
+    assert f"report: {run / 'report'}: Not a directory; expected a directory of this user" in one_error_line(capsys)
+    assert (run / "report").read_bytes() == VICTIM
+
+
 # -- many records ----------------------------------------------------------------------------------------
 # Writes a metrics file of 150,000 well-formed epoch records (~17 MB, as issue 46 measured; far under the
 # 64 MiB cap), draws it, and prints the peak RSS in MB after the imports and after the report.

@@ -85,9 +85,9 @@ def own_folder(path: str | os.PathLike, what: str) -> int:
     """A descriptor of the folder `path` (made if absent): a directory of this user that no one else may write to,
     opened without following a link; anything else is one error line naming `what` and the path."""
     path = os.fspath(path)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o755)  # mkdir never follows a link at `path`: FileExistsError, then refused below
     try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755)  # mkdir never follows a link at `path`: FileExistsError, then refused below
         handle = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as error:
         found = "a link, not followed" if os.path.islink(path) else (error.strerror or type(error).__name__)
