@@ -3,18 +3,25 @@
 The temporary name is made with O_CREAT|O_EXCL (tempfile.mkstemp), so nothing another user planted in a
 shared folder is opened, followed or overwritten. A failed write removes its temporary file and leaves the
 previous file as it was. Temporary names are `.NAME.XXXXXXXX.tmp`: the results mirror and `sync` skip them.
+
+`own_folder` and `replace_in` do the same inside a folder held open by descriptor (O_NOFOLLOW), for a folder
+inside a directory that may come from elsewhere (`report`'s RUN_DIR/report): a link in the folder's place is
+refused, a link in a file's place is replaced by the new file, never written through.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from typing import IO
 
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io.cache import ours
 
 
 def free_space(folder: str | os.PathLike) -> str:
@@ -72,3 +79,43 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", buffering: int = -1)
         yield stream
         stream.flush()
         os.fsync(stream.fileno())
+
+
+def own_folder(path: str | os.PathLike, what: str) -> int:
+    """A descriptor of the folder `path` (made if absent): a directory of this user that no one else may write to,
+    opened without following a link; anything else is one error line naming `what` and the path."""
+    path = os.fspath(path)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755)  # mkdir never follows a link at `path`: FileExistsError, then refused below
+        handle = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        found = "a link, not followed" if os.path.islink(path) else (error.strerror or type(error).__name__)
+        raise ImagenetTrainError(f"{what} {path}: {found}; expected a directory of this user, refused") from None
+    info = os.fstat(handle)
+    if stat.S_ISDIR(info.st_mode) and ours(info):
+        return handle
+    os.close(handle)
+    owner = "" if info.st_uid == os.geteuid() else f"owned by uid {info.st_uid}, "
+    raise ImagenetTrainError(
+        f"{what} {path}: {owner}mode {stat.filemode(info.st_mode)}; expected a directory of this user that no one "
+        "else may write to (another user could put links in it), refused"
+    )
+
+
+def replace_in(folder: int, name: str, data: bytes) -> None:
+    """`data` as the file `name` in the folder open as `folder`: a new file renamed over the name, so whatever was
+    there (a link included) is replaced, never written through."""
+    temporary = f".{name}.{secrets.token_hex(4)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    handle = os.open(temporary, flags, 0o666, dir_fd=folder)  # the umask applies, as for open()
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=folder)
+        raise

@@ -10,12 +10,13 @@ import signal
 from pathlib import Path
 
 from imagenet_train import waiting
-from imagenet_train.config import Config
+from imagenet_train.config import Config, RunConfig
 from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.batches import RunBatches
 from imagenet_train.planning.plan import preflight_check
+from imagenet_train.rundir.checkpoint import latest
 from imagenet_train.rundir.directory import RunDirectory
 from imagenet_train.training.dist import DistInfo, cleanup, init_distributed, is_peer_lost, peer_lost_reason
 from imagenet_train.training.hooks import StopRequest
@@ -62,7 +63,7 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
         if trainer is not None:
             trainer.batches.abandon()  # again, for a stop outside the loop's wait (evaluation, the mirror's flush)
         reason = stop.reason or ("before the first step" if trainer is None else "no step since the last checkpoint")
-        failure = _left_unsaved(info, stop.signum, stop.where or "waiting", reason)
+        failure = _left_unsaved(info, stop.signum, stop.where or "waiting", reason, cfg.run)
     except (Preempted, ImagenetTrainError) as error:
         failure = error.with_traceback(None)  # the traceback holds the loop's frames and, in them, the loaders
         failure.__context__ = failure.__cause__ = None
@@ -72,7 +73,7 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
         log.debug("a collective failed", exc_info=error)
         if waiting.requested():  # signalled, and a peer that was signalled too left while this rank was in a step
             reason = f"another rank left first: {peer_lost_reason(error)}"
-            failure = _left_unsaved(info, waiting.requested(), "in a collective", reason)
+            failure = _left_unsaved(info, waiting.requested(), "in a collective", reason, cfg.run)
             if trainer is not None and waiting.cut_short(now=True):
                 trainer.batches.abandon()  # its workers may be asleep in an outage
         else:
@@ -95,12 +96,20 @@ def run_parts(cfg: Config, info: DistInfo) -> RunParts:
     )
 
 
-def _left_unsaved(info: DistInfo, signum: int, where: str, reason: str) -> Preempted:
-    """Say in one line that this rank leaves on a stop signal without a checkpoint, and why."""
+def _left_unsaved(info: DistInfo, signum: int, where: str, reason: str, run: RunConfig) -> Preempted:
+    """Say in one line that this rank leaves on a stop signal without a checkpoint, why, and how to go on."""
     name = signal.Signals(signum).name
+    try:
+        resumable = bool(run.results) or latest(run.run_dir) is not None  # --results: the bucket may hold one
+    except OSError:
+        resumable = True
+    if resumable:
+        hint = "continue with --resume latest"
+    else:  # nothing to resume: --resume latest would only start afresh
+        reason = "no step taken yet" if reason == "no step since the last checkpoint" else reason
+        hint = "continue by running the same command again: there is no checkpoint to resume from"
     print(
-        f"rank {info.rank}: stopped by {name} while {where}: exiting without a checkpoint ({reason}); "
-        "continue with --resume latest",
+        f"rank {info.rank}: stopped by {name} while {where}: exiting without a checkpoint ({reason}); {hint}",
         flush=True,
     )
     return Preempted(signum)

@@ -1,14 +1,20 @@
-"""`imagenet-train report RUN_DIR`: PNG plots and a summary table from a run's metrics.jsonl."""
+"""`imagenet-train report RUN_DIR`: PNG plots and a summary table from a run's metrics.jsonl.
+
+The plots go to RUN_DIR/report, which may come from elsewhere (a results folder copied or unpacked): the folder
+is used only when it is a directory of this user that no one else may write to, and each PNG is a new file
+renamed into it, so a link there is never written through (io/atomic.py's own_folder and replace_in)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
-from itertools import accumulate
+import os
+import re
 from pathlib import Path
 
 from imagenet_train.errors import ImagenetTrainError, clip
+from imagenet_train.io.atomic import own_folder, replace_in
+from imagenet_train.ops.report_plots import rendered, samples_seen
 
 MAX_FILE_BYTES = 64 << 20  # as run_record's MAX_METRICS_BYTES: a line per epoch, a few hundred bytes each
 MAX_LINE_BYTES = 1 << 20  # an epoch record is a few hundred bytes, plus two short lists per 1000 ranks
@@ -25,7 +31,9 @@ _OPTIONAL = {
     "data_wait_per_rank": "numbers",
     "samples_seen": "count",
     "resumed_from_step": "count",
+    "lr": "number",
 }
+_READ = (*_REQUIRED, *_OPTIONAL)
 _EXPECTED = {
     "count": "a whole number >= 0",
     "counts": "a non-empty list of whole numbers >= 0",
@@ -34,11 +42,17 @@ _EXPECTED = {
 }
 
 
+MAX_TABLE_ROWS = 50  # the table's first and last epochs; metrics.jsonl holds every one
+HEAD_ROWS = 10
+_STEP_CHECKPOINT = re.compile(r"^epoch-(\d{4,})-step-(\d{6,})\.pt$")  # rundir/checkpoint.py's (which needs torch)
+
+
 def read_records(run_dir: Path) -> list[dict]:
-    """The run's epoch records, the last one of each epoch (a resumed run may repeat an epoch)."""
+    """The run's epoch records, the last one of each epoch (a resumed run may repeat an epoch), each with only
+    the fields the report reads."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
-        raise ImagenetTrainError(f"report: {path} not found (give a run directory written by `imagenet-train train`)")
+        raise ImagenetTrainError(f"report: {path} not found ({_what_is_there(Path(run_dir))})")
     if path.stat().st_size > MAX_FILE_BYTES:  # every record is kept until the last of its epoch is known
         raise ImagenetTrainError(f"report: {path}: larger than {MAX_FILE_BYTES >> 20} MiB; not a metrics file of ours")
     by_epoch: dict[int, dict] = {}
@@ -48,10 +62,39 @@ def read_records(run_dir: Path) -> list[dict]:
                 raise ImagenetTrainError(f"report: {path} line {number}: longer than {MAX_LINE_BYTES} bytes")
             if line.strip():
                 record = check_record(line, f"report: {path} line {number}")
-                by_epoch[record["epoch"]] = record
+                by_epoch[record["epoch"]] = {key: record[key] for key in _READ if key in record}
     if not by_epoch:
-        raise ImagenetTrainError(f"report: {path} holds no epochs yet")
+        raise ImagenetTrainError(f"report: {path} holds no epochs yet ({_what_is_there(Path(run_dir))})")
     return [by_epoch[epoch] for epoch in sorted(by_epoch)]
+
+
+def _what_is_there(run_dir: Path) -> str:
+    """What a run directory without a finished epoch holds: whether `train` wrote it, and what it can resume."""
+    if not (run_dir / "config.json").is_file():
+        return "give a run directory written by `imagenet-train train`"
+    newest = _newest_step_checkpoint(run_dir / "checkpoints")
+    if newest is None:
+        return "config.json only: no epoch finished yet and no checkpoint, nothing to resume; train it again"
+    name, epoch, step = newest
+    return (
+        f"no epoch finished yet: {step} steps of epoch {epoch} logged, checkpoint {name}; "
+        "`train --resume latest` continues it"
+    )
+
+
+def _newest_step_checkpoint(folder: Path) -> tuple[str, int, int] | None:
+    """The newest mid-epoch checkpoint's name, epoch and step in `folder` (None when there is none)."""
+    newest = None
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                match = _STEP_CHECKPOINT.match(entry.name)
+                if match:
+                    found = (int(match[1]), int(match[2]), entry.name)
+                    newest = max(newest, found) if newest else found
+    except OSError:
+        return None
+    return None if newest is None else (newest[2], newest[0], newest[1])
 
 
 def check_record(line: bytes, at: str) -> dict:
@@ -88,145 +131,15 @@ def _fits_list(value: object, kind: str) -> bool:
     return all(_fits(item, kind[:-1]) for item in value)
 
 
-def samples_seen(records: list[dict]) -> list[int]:
-    """Training samples seen by the end of each epoch, over all ranks."""
-    if all("samples_seen" in r for r in records):
-        return [int(r["samples_seen"]) for r in records]
-    return list(accumulate(_epoch_samples(r) for r in records))
-
-
-def _epoch_samples(record: dict) -> int:
-    """Samples an epoch trained on, with the steps a resumed epoch took before its checkpoint."""
-    samples, batches = int(record["train_samples"]), record["batches_per_rank"]
-    before = record.get("resumed_from_step", 0)
-    if before and sum(batches):
-        samples += round(before * len(batches) * samples / sum(batches))
-    return samples
-
-
-# -- one function per plot: each draws on the axes it is given --------------------------------
-
-
-def _epochs(records: list[dict], key: str) -> tuple[list[int], list[float]]:
-    pairs = [(r["epoch"], r[key]) for r in records if r.get(key) is not None]
-    return [e for e, _ in pairs], [v for _, v in pairs]
-
-
-def plot_loss(ax, records: list[dict]) -> None:
-    """Training and validation loss per epoch."""
-    ax.plot(*_epochs(records, "train_loss"), marker="o", label="train")
-    if any("val_loss" in r for r in records):
-        ax.plot(*_epochs(records, "val_loss"), marker="s", label="validation")
-    ax.set(title="Loss (log scale)", xlabel="epoch", ylabel="cross-entropy", yscale="log")
-    ax.legend()
-
-
-def plot_accuracy(ax, records: list[dict]) -> None:
-    """Validation top-1 and top-5 per epoch, in percent; the legend gives the last epoch's figures.
-
-    In the legend, not beside the last points: a label there is hidden by the legend or the other curve."""
-    for key, marker in (("top1", "o"), ("top5", "s")):
-        epochs, values = _epochs(records, key)
-        if epochs:
-            label = f"{key.replace('top', 'top-')}: {100 * values[-1]:.1f}% at epoch {epochs[-1]}"
-            ax.plot(epochs, [100 * v for v in values], marker=marker, label=label)
-    ax.set(title="Validation accuracy", xlabel="epoch", ylabel="%", ylim=(0, 102))
-    ax.legend(loc="best")
-
-
-def plot_throughput(ax, records: list[dict]) -> None:
-    """Training images per second per epoch (all ranks together)."""
-    ax.bar(*_epochs(records, "samples_per_s"), color="tab:green")
-    ax.set(title="Throughput", xlabel="epoch", ylabel="images / s (all ranks)")
-
-
-def plot_data_wait(ax, records: list[dict]) -> None:
-    """Share of step time spent waiting for the next batch, per rank and on average."""
-    key = "data_wait_per_rank"
-    ranks = max((len(r.get(key, [])) for r in records), default=0)
-    for rank in range(ranks if ranks <= 8 else 0):
-        points = [(r["epoch"], 100 * r["data_wait_per_rank"][rank]) for r in records if rank < len(r.get(key, []))]
-        ax.plot(*zip(*points, strict=True), linestyle="--", alpha=0.6, label=f"rank {rank}")
-    epochs, values = _epochs(records, "data_wait_fraction")
-    ax.plot(epochs, [100 * v for v in values], marker="o", color="black", label="mean")
-    ax.set(title="Waiting for data", xlabel="epoch", ylabel="% of step time", ylim=(0, 100))
-    ax.legend()
-
-
-def plot_batch_spread(ax, records: list[dict]) -> None:
-    """Batches each rank trained per epoch: equal in resampled mode, a spread in split/queue mode."""
-    epochs = [r["epoch"] for r in records]
-    lows = [min(r["batches_per_rank"]) for r in records]
-    highs = [max(r["batches_per_rank"]) for r in records]
-    ax.vlines(epochs, lows, highs, color="tab:blue", linewidth=6, alpha=0.4)
-    ax.plot(epochs, highs, "v", color="tab:blue", label="most batches on a rank")
-    ax.plot(epochs, lows, "^", color="tab:orange", label="fewest batches on a rank")
-    ax.set_ylim(0, max(highs) * 1.25)
-    spread = max(h - lo for h, lo in zip(highs, lows, strict=True))
-    ranks = max(len(r["batches_per_rank"]) for r in records)
-    ax.set(title=f"Batches per rank ({ranks} ranks; largest spread {spread})", xlabel="epoch", ylabel="batches")
-    ax.legend(loc="lower right")
-
-
-def plot_samples_seen(ax, records: list[dict]) -> None:
-    """Training samples seen so far, over all ranks."""
-    epochs = [r["epoch"] for r in records]
-    ax.plot(epochs, samples_seen(records), marker="o", color="tab:purple")
-    ax.set(title="Training samples seen", xlabel="epoch", ylabel="samples")
-
-
-PLOTS: dict[str, Callable] = {
-    "loss": plot_loss,
-    "accuracy": plot_accuracy,
-    "throughput": plot_throughput,
-    "data_wait": plot_data_wait,
-    "batches_per_rank": plot_batch_spread,
-    "samples_seen": plot_samples_seen,
-}
-
-
-def write_plots(records: list[dict], folder: Path) -> list[Path]:
-    """One PNG per plot and an overview.png with all of them; returns the files written."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImagenetTrainError("report: needs matplotlib (pip install 'imagenet-train[report]')") from None
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, draw in PLOTS.items():
-        figure, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
-        _style(ax, draw, records)
-        written.append(_save(figure, folder / f"{name}.png", plt))
-    figure, axes = plt.subplots(2, 3, figsize=(16, 9), layout="constrained")
-    for ax, draw in zip(axes.flat, PLOTS.values(), strict=True):
-        _style(ax, draw, records)
-    figure.suptitle(f"{folder.parent.name}: {len(records)} epochs")
-    written.append(_save(figure, folder / "overview.png", plt))
-    return written
-
-
-def _style(ax, draw: Callable, records: list[dict]) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    draw(ax, records)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-
-
-def _save(figure, path: Path, plt) -> Path:
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
-
-
 def summary_table(records: list[dict]) -> str:
-    """A fixed-width table: one row per epoch."""
+    """A fixed-width table: one row per epoch, the first and last ones of a run of more than MAX_TABLE_ROWS."""
     header = ["epoch", "train loss", "val loss", "top-1", "top-5", "img/s", "data wait", "batches/rank", "seen"]
     rows = [header]
-    for record, seen in zip(records, samples_seen(records), strict=True):
+    shown = list(zip(records, samples_seen(records), strict=True))
+    left_out = len(shown) - MAX_TABLE_ROWS
+    if left_out > 0:
+        shown = shown[:HEAD_ROWS] + shown[HEAD_ROWS + left_out :]
+    for record, seen in shown:
         batches = record["batches_per_rank"]
         rows.append(
             [
@@ -242,7 +155,24 @@ def summary_table(records: list[dict]) -> str:
             ]
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+    if left_out > 0:
+        lines.insert(1 + HEAD_ROWS, f"... {left_out} epochs not shown (metrics.jsonl holds every one)")
+    return "\n".join(lines)
+
+
+def write_plots(records: list[dict], folder: Path) -> list[Path]:
+    """The PNGs in `folder` (made if absent; refused unless this user's and closed to others); the files written."""
+    handle = own_folder(folder, "report:")  # refused before the drawing, not after
+    try:
+        pngs = rendered(records, folder.resolve().parent.name)
+        for name, data in pngs.items():
+            replace_in(handle, name, data)
+    except OSError as error:
+        raise ImagenetTrainError(f"report: {folder}: cannot write the plots ({error.strerror})") from None
+    finally:
+        os.close(handle)
+    return [folder / name for name in pngs]
 
 
 def report(run_dir: Path) -> tuple[str, list[Path]]:
