@@ -185,17 +185,27 @@ HELM ?= $(CURDIR)/$(TOOLS)/helm
 CHART_VERSION = $(shell sed -n 's/^version: *//p' $(CHART_DIR)/Chart.yaml)
 CHART_PACKAGE = $(CHART_OUT)/imagenet-train-$(CHART_VERSION).tgz
 chart-push:
-	@case "$(CHART_REGISTRY)" in oci://?*) ;; *) echo "make chart-push: CHART_REGISTRY='$(CHART_REGISTRY)'; expected an oci:// URL, e.g. CHART_REGISTRY=oci://ghcr.io/acme/charts" >&2; exit 2;; esac
-	@test -n "$(CHART_KEY)" && test -f "$(CHART_KEYRING)" || { echo "make chart-push: CHART_KEY='$(CHART_KEY)' CHART_KEYRING='$(CHART_KEYRING)'; expected a key name and the secret keyring file holding it (gpg --export-secret-keys KEY > FILE)" >&2; exit 2; }
-	@test -x "$(HELM)" || { echo "make chart-push: HELM=$(HELM) is not an executable; run make k8s-tools or pass HELM=/path/to/helm" >&2; exit 2; }
+	@case "$(CHART_REGISTRY)" in oci://?*) ;; *) echo "make chart-push: CHART_REGISTRY='$(CHART_REGISTRY)';" \
+	  "expected an oci:// URL, e.g. CHART_REGISTRY=oci://ghcr.io/acme/charts" >&2; exit 2;; esac
+	@test -n "$(CHART_KEY)" && test -f "$(CHART_KEYRING)" || { echo "make chart-push: CHART_KEY='$(CHART_KEY)'" \
+	  "CHART_KEYRING='$(CHART_KEYRING)'; expected a key name and the secret keyring file holding it" \
+	  "(gpg --export-secret-keys KEY > FILE)" >&2; exit 2; }
+	@test -x "$(HELM)" || { echo "make chart-push: HELM=$(HELM) is not an executable;" \
+	  "run make k8s-tools or pass HELM=/path/to/helm" >&2; exit 2; }
 	mkdir -p $(CHART_OUT) && rm -f $(CHART_PACKAGE) $(CHART_PACKAGE).prov
 	$(HELM) package --sign --key '$(CHART_KEY)' --keyring '$(CHART_KEYRING)' \
 	  $(if $(CHART_PASSPHRASE_FILE),--passphrase-file '$(CHART_PASSPHRASE_FILE)') -d $(CHART_OUT) $(CHART_DIR)
-	$(HELM) verify --keyring '$(CHART_KEYRING)' $(CHART_PACKAGE)
+	set -o pipefail; $(HELM) verify --keyring '$(CHART_KEYRING)' $(CHART_PACKAGE) | tee $(CHART_OUT)/verify.log
+	@signer=$$(sed -n 's/^Using Key With Fingerprint: //p' $(CHART_OUT)/verify.log); \
+	  grep -q "fingerprint: \"$$signer\"" $(CHART_DIR)/Chart.yaml || echo "make chart-push: warning:" \
+	  "Chart.yaml's artifacthub.io/signKey does not name the signing key $$signer; Artifact Hub cannot check it" >&2
 	set -o pipefail; $(HELM) push $(CHART_PACKAGE) $(CHART_REGISTRY) $(CHART_PUSH_FLAGS) 2>&1 | tee $(CHART_OUT)/push.log
-	@digest=$$(sed -n 's/^Digest: //p' $(CHART_OUT)/push.log); test -n "$$digest" || { echo "make chart-push: helm push printed no digest" >&2; exit 1; }; \
-	  echo "$$digest" > $(CHART_DIGEST_FILE); echo "pushed $(CHART_REGISTRY)/imagenet-train@$$digest (version $(CHART_VERSION))"; \
-	  echo "install it: helm install NAME $(CHART_REGISTRY)/imagenet-train --version $(CHART_VERSION) --verify --keyring PUBLIC_KEYRING"
+	@digest=$$(sed -n 's/^Digest: //p' $(CHART_OUT)/push.log); \
+	  test -n "$$digest" || { echo "make chart-push: helm push printed no digest" >&2; exit 1; }; \
+	  echo "$$digest" > $(CHART_DIGEST_FILE); \
+	  echo "pushed $(CHART_REGISTRY)/imagenet-train@$$digest (version $(CHART_VERSION))"; \
+	  echo "install it: helm install NAME $(CHART_REGISTRY)/imagenet-train --version $(CHART_VERSION)" \
+	    "--verify --keyring PUBLIC_KEYRING"
 
 shell:
 	$(CONTAINER) run --rm -it --entrypoint bash -v $(SHARDS):/shards:ro -v $(RESULTS):/results $(IMAGE_REF)

@@ -132,6 +132,8 @@ def test_make_chart_push_sends_a_signed_chart_that_pulled_by_digest_verifies_and
         digest = (tmp_path / "out" / "digest").read_text().strip()
         assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), digest
         assert f"pushed {url}/imagenet-train@{digest} (version {version})" in push.stdout
+        # Chart.yaml names the release key (a placeholder until a release): a throwaway key is not it.
+        assert f"does not name the signing key {key.fingerprint}; Artifact Hub cannot check it" in push.stderr
 
         # The registry stored a manifest hashing to the digest: the chart and its provenance, as two layers.
         manifest = registry.manifest("charts/imagenet-train", digest)
