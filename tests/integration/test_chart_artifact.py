@@ -74,6 +74,7 @@ def signing_key(folder: Path, name: str) -> SigningKey:
     public.write_bytes(gpg("--export", name))
     listing = gpg("--with-colons", "--list-keys", name).decode()
     fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+    subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, capture_output=True, timeout=60)  # gpg's agent
     return SigningKey(name, secret, public, fingerprint)
 
 
