@@ -162,7 +162,7 @@ def test_make_chart_push_sends_a_signed_chart_that_pulled_by_digest_verifies_and
     assert registry.process.poll() is not None  # stopped by its PID
 
     # Helm names a chart pulled by digest NAME@sha256-HEX.tgz, a name its provenance does not sign, so `pull --verify`
-    # by digest fails on the name (helm/helm#32546): the pair is verified under the name it was signed as.
+    # by digest fails on the name (as in helm/helm#32546): the pair is verified under the name it was signed as.
     (archive,), (provenance,) = pulled.glob("*.tgz"), pulled.glob("*.tgz.prov")
     signed = tmp_path / "signed" / f"imagenet-train-{version}.tgz"
     signed.parent.mkdir()
