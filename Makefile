@@ -26,7 +26,7 @@ SHARDS ?= $(CURDIR)/demo/shards
 RESULTS ?= $(CURDIR)/runs
 GPUS ?= 2
 
-.PHONY: typecheck help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench recipes mechanisms small-images gpu-check docs clean build push shell docker-run
+.PHONY: chart-push typecheck help venv system-deps image-deps launcher-deps k8s-tools manifests demo test faults launchers e2e image-test lint bench recipes mechanisms small-images gpu-check docs clean build push shell docker-run
 
 help:
 	@echo "make demo   - set up, shard the embedded digits, serve with nginx, train with torchrun (2 CPU procs)"
@@ -46,6 +46,7 @@ help:
 	@echo "make build push [REGISTRY=.. IMAGE=.. TAG=..] - build and push the training image; its digest goes to .image-digest"
 	@echo "make shell / make docker-run - a shell in the image / the 2-GPU job in a container"
 	@echo "make image-test - build the image for real (podman) and run it"
+	@echo "make chart-push CHART_REGISTRY=oci://.. CHART_KEY=.. CHART_KEYRING=.. - package, sign and push the Helm chart"
 
 # Debian packages the demo and tests run for real: nginx (shard server), libturbojpeg0 (fused decoder),
 # dataset-fashion-mnist (`imagenet-train fashion-mnist` and `make mechanisms`; its one test skips without it),
@@ -165,6 +166,47 @@ endif
 	@digest=$$(cat $(DIGEST_FILE)); echo "pushed $(REGISTRY)/$(IMAGE)@$$digest"; \
 	  echo "pin it: --set image.repository=$(REGISTRY)/$(IMAGE) --set image.digest=$$digest"
 
+# The chart as a signed OCI artifact (docs/development.md, "Releasing the chart"): `helm package --sign` writes
+# imagenet-train-VERSION.tgz and its .prov into CHART_OUT, `helm verify` checks them, and `helm push` sends both (the
+# .prov as the artifact's second layer) to CHART_REGISTRY; the pushed manifest's digest goes to CHART_DIGEST_FILE.
+# CHART_KEY: the signing key's name (its user id, or part of it); CHART_KEYRING: a legacy secret keyring holding it
+# (gpg 2.1+ keeps keys in pubring.kbx, which Helm cannot read: `gpg --export-secret-keys KEY > FILE`);
+# CHART_PASSPHRASE_FILE: the key's passphrase, if it has one; CHART_PUSH_FLAGS: more `helm push` flags, e.g.
+# --ca-file FILE for a registry behind a private CA. HELM=.tools/bin/helm3 pushes with Helm 3 (`make k8s-tools`).
+CHART_DIR := helm/imagenet-train
+CHART_REGISTRY ?=
+CHART_KEY ?=
+CHART_KEYRING ?=
+CHART_PASSPHRASE_FILE ?=
+CHART_PUSH_FLAGS ?=
+CHART_OUT ?= $(CURDIR)/.chart
+CHART_DIGEST_FILE ?= $(CURDIR)/.chart-digest
+HELM ?= $(CURDIR)/$(TOOLS)/helm
+CHART_VERSION = $(shell sed -n 's/^version: *//p' $(CHART_DIR)/Chart.yaml)
+CHART_PACKAGE = $(CHART_OUT)/imagenet-train-$(CHART_VERSION).tgz
+chart-push:
+	@case "$(CHART_REGISTRY)" in oci://?*) ;; *) echo "make chart-push: CHART_REGISTRY='$(CHART_REGISTRY)';" \
+	  "expected an oci:// URL, e.g. CHART_REGISTRY=oci://ghcr.io/acme/charts" >&2; exit 2;; esac
+	@test -n "$(CHART_KEY)" && test -f "$(CHART_KEYRING)" || { echo "make chart-push: CHART_KEY='$(CHART_KEY)'" \
+	  "CHART_KEYRING='$(CHART_KEYRING)'; expected a key name and the secret keyring file holding it" \
+	  "(gpg --export-secret-keys KEY > FILE)" >&2; exit 2; }
+	@test -x "$(HELM)" || { echo "make chart-push: HELM=$(HELM) is not an executable;" \
+	  "run make k8s-tools or pass HELM=/path/to/helm" >&2; exit 2; }
+	mkdir -p $(CHART_OUT) && rm -f $(CHART_PACKAGE) $(CHART_PACKAGE).prov
+	$(HELM) package --sign --key '$(CHART_KEY)' --keyring '$(CHART_KEYRING)' \
+	  $(if $(CHART_PASSPHRASE_FILE),--passphrase-file '$(CHART_PASSPHRASE_FILE)') -d $(CHART_OUT) $(CHART_DIR)
+	set -o pipefail; $(HELM) verify --keyring '$(CHART_KEYRING)' $(CHART_PACKAGE) | tee $(CHART_OUT)/verify.log
+	@signer=$$(sed -n 's/^Using Key With Fingerprint: //p' $(CHART_OUT)/verify.log); \
+	  grep -q "fingerprint: \"$$signer\"" $(CHART_DIR)/Chart.yaml || echo "make chart-push: warning:" \
+	  "Chart.yaml's artifacthub.io/signKey does not name the signing key $$signer; Artifact Hub cannot check it" >&2
+	set -o pipefail; $(HELM) push $(CHART_PACKAGE) $(CHART_REGISTRY) $(CHART_PUSH_FLAGS) 2>&1 | tee $(CHART_OUT)/push.log
+	@digest=$$(sed -n 's/^Digest: //p' $(CHART_OUT)/push.log); \
+	  test -n "$$digest" || { echo "make chart-push: helm push printed no digest" >&2; exit 1; }; \
+	  echo "$$digest" > $(CHART_DIGEST_FILE); \
+	  echo "pushed $(CHART_REGISTRY)/imagenet-train@$$digest (version $(CHART_VERSION))"; \
+	  echo "install it: helm install NAME $(CHART_REGISTRY)/imagenet-train --version $(CHART_VERSION)" \
+	    "--verify --keyring PUBLIC_KEYRING"
+
 shell:
 	$(CONTAINER) run --rm -it --entrypoint bash -v $(SHARDS):/shards:ro -v $(RESULTS):/results $(IMAGE_REF)
 
@@ -216,4 +258,4 @@ typecheck: venv
 	$(BIN)/mypy
 
 clean:
-	rm -rf demo runs site .pytest_cache .faults .e2e
+	rm -rf demo runs site .pytest_cache .faults .e2e .chart .chart-digest

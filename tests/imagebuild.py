@@ -187,12 +187,14 @@ def remove_training_image(engine: Podman) -> None:
 class LocalRegistry:
     """Debian's docker-registry (distribution 2.8) on 127.0.0.1 over TLS, storing under `folder`.
 
-    Its certificate is self-signed for 127.0.0.1 and `cert_dir` holds it as ca.crt, which is what podman's
-    --cert-dir reads: pushes and pulls verify TLS for real. Started and stopped by its PID (a context manager).
+    Its certificate is self-signed for 127.0.0.1 (and any `names`, host names a client maps to 127.0.0.1 itself)
+    and `cert_dir` holds it as ca.crt, which is what podman's --cert-dir reads (Helm's --ca-file takes that file):
+    pushes and pulls verify TLS for real. Started and stopped by its PID (a context manager).
     """
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, names: tuple[str, ...] = ()):
         self.folder = folder
+        self.names = names
         self.storage = folder / "storage"
         self.cert_dir = folder / "certs"
         self.host = f"127.0.0.1:{free_port()}"
@@ -203,7 +205,8 @@ class LocalRegistry:
         key, cert = self.folder / "key.pem", self.folder / "cert.pem"
         subprocess.run(
             ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
-            + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+            + ["-addext", ",".join(["subjectAltName=IP:127.0.0.1", *(f"DNS:{name}" for name in self.names)])]
+            + ["-keyout", str(key), "-out", str(cert)],
             check=True,
             capture_output=True,
             timeout=60,
