@@ -33,6 +33,12 @@ def matrix_values(launcher: str, server: str, nodes: int, elastic: bool) -> dict
         values["gcp"] = {"credentialsSecret": "gcp-key"}
     if server == "aistore":
         values["shards"]["aistore"] = {"deploy": True} if nodes > 1 else {"endpoint": "http://ais-proxy.ais.svc:51080"}
+    if nodes == 4:  # a queue, a priority and a topology request (preferred when elastic), exclusive for a JobSet
+        values["launcher"]["runPolicy"] = {"kueueQueue": "team-a", "kueuePriorityClass": "high"}
+        level = "preferredTopology" if elastic else "requiredTopology"
+        values["launcher"]["placement"] = {level: "cloud.google.com/gce-topology-block"}
+        if launcher == "jobset":
+            values["launcher"]["placement"]["exclusiveTopology"] = "cloud.google.com/gke-nodepool"
     if server == "nginx" and nodes == 4:
         values["shards"]["nginx"] = {"fill": {"enabled": True, "from": "gs://acme-data/imagenet/shards"}}
         values["results"] = {"bucket": "gs://acme-runs/imagenet"}

@@ -367,6 +367,21 @@ NEGATIVE = [
     # Maps merge with the default's hostPath: a second mode without `hostPath: null` is two modes.
     ({"shards": {"aistore": {"stateStorage": {"pvc": {"storageClass": "fast"}}}}}, "shards.aistore.stateStorage"),
     ({"shards": {"nginx": {"replicas": 3}}}, "shards.nginx.volume.accessModes"),
+    ({"launcher": {"placement": {"requiredTopology": "rack"}}}, "launcher.runPolicy.kueueQueue"),
+    (
+        {
+            "launcher": {
+                "runPolicy": {"kueueQueue": "q"},
+                "placement": {"requiredTopology": "rack", "preferredTopology": "block"},
+            }
+        },
+        "launcher.placement.preferredTopology",
+    ),
+    (
+        {"launcher": {"kind": "pytorchjob", "placement": {"exclusiveTopology": "pool"}}},
+        "launcher.placement.exclusiveTopology",
+    ),
+    ({"launcher": {"placement": {"requiredTopology": "not a label key"}}}, "launcher.placement.requiredTopology"),
 ]
 
 
@@ -876,3 +891,41 @@ def test_the_tests_read_nothing_outside_the_repository():
         "trainer.kubeflow.org_clustertrainingruntimes.yaml",
         "trainer.kubeflow.org_trainingruntimes.yaml",
     }
+
+
+def trainers(objects: dict) -> list[dict]:
+    """The training workload of a render (PyTorchJob, Job, JobSet or TrainJob)."""
+    return [
+        obj
+        for obj in objects.values()
+        if obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "trainer"
+        and obj["kind"] in ("PyTorchJob", "Job", "JobSet", "TrainJob")
+    ]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_kueue_placement_and_priority_reach_every_launchers_job_and_pod_template(rendered, launcher):
+    # The 4-node entries ask Kueue for a queue, a priority and a topology level (chart_matrix.matrix_values).
+    for elastic in (False, True) if launcher != "trainjob" else (False,):
+        for engine, objects in rendered[(launcher, "nginx", 4, elastic)].items():
+            jobs = trainers(objects)
+            assert len(jobs) == 1, (engine, [obj["kind"] for obj in objects.values()])
+            job = jobs[0]
+            assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a", engine
+            assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high", engine
+            level = "preferred" if elastic else "required"
+            templates = list(k8s_checks.pod_templates(job))
+            assert templates, engine
+            for template in templates:
+                annotations = template["metadata"]["annotations"]
+                assert annotations[f"kueue.x-k8s.io/podset-{level}-topology"] == "cloud.google.com/gce-topology-block"
+            exclusive = job["metadata"].get("annotations", {}).get("alpha.jobset.sigs.k8s.io/exclusive-topology")
+            assert exclusive == ("cloud.google.com/gke-nodepool" if launcher == "jobset" else None), engine
+
+
+def test_without_placement_values_no_kueue_annotation_is_rendered(rendered):
+    for entry, engines in rendered.items():
+        if entry[2] == 4:
+            continue
+        text = json.dumps([list(objects.values()) for objects in engines.values()])
+        assert "kueue.x-k8s.io/podset" not in text and "exclusive-topology" not in text, entry

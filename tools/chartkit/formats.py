@@ -76,6 +76,12 @@ FORMATS: dict[str, Format] = {
     "image-ref": _string(
         rf"^{_REPOSITORY}(:{_TAG})?(@sha256:[a-f0-9]{{64}})?$", "image[:tag][@digest]", minLength=1, maxLength=512
     ),
+    "label-key": _string(
+        _QUALIFIED_NAME,
+        "label key (Kubernetes' rules, e.g. cloud.google.com/gce-topology-block)",
+        "anyOf",
+        maxLength=316,
+    ),
     "env-name": _string(r"^[A-Za-z_][A-Za-z0-9_]*$", "environment variable name", minLength=1),
     "capability": _string(r"^[A-Z_]+$", "Linux capability, e.g. IPC_LOCK"),
     "secret-key": _string(r"^[-._A-Za-z0-9]+$", "Secret key name", minLength=1, maxLength=253),

@@ -61,7 +61,15 @@ def helpers(values: dict, chart: dict, release: str, chart_dir: Path) -> dict[st
         "app.kubernetes.io/version": str(chart["appVersion"]),
         "app.kubernetes.io/managed-by": "Helm",
     }
-    queue = v["launcher"]["runPolicy"].get("kueueQueue")
+    run_policy, placement = v["launcher"]["runPolicy"], v["launcher"]["placement"]
+    kueue = {
+        "kueue.x-k8s.io/queue-name": run_policy.get("kueueQueue"),
+        "kueue.x-k8s.io/priority-class": run_policy.get("kueuePriorityClass"),
+    }
+    topology = {
+        "kueue.x-k8s.io/podset-required-topology": placement.get("requiredTopology"),
+        "kueue.x-k8s.io/podset-preferred-topology": placement.get("preferredTopology"),
+    }
     sa = v["serviceAccount"]
     sa_name = (sa["name"] or fullname) if sa["create"] else (sa["name"] or "default")
     return {
@@ -71,7 +79,8 @@ def helpers(values: dict, chart: dict, release: str, chart_dir: Path) -> dict[st
         "labels": labels,
         "serviceAccountName": sa_name,
         "image": image(v["image"], chart["appVersion"]),
-        "queueLabel": {"kueue.x-k8s.io/queue-name": queue} if queue else {},
+        "kueueLabels": {key: value for key, value in kueue.items() if value},
+        "topologyAnnotations": {key: value for key, value in topology.items() if value},
         "nginxConf": (Path(chart_dir) / "files" / "nginx.conf").read_text(),
         "release": {"name": release},
     }

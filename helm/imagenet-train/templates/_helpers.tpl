@@ -52,8 +52,21 @@ app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 {{- end }}
 {{- end }}
 
-{{- define "imagenet-train.queueLabel" -}}
+{{- define "imagenet-train.kueueLabels" -}}
 {{- with .Values.launcher.runPolicy.kueueQueue }}
 kueue.x-k8s.io/queue-name: {{ . | quote }}
+{{- end }}
+{{- with .Values.launcher.runPolicy.kueuePriorityClass }}
+kueue.x-k8s.io/priority-class: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Kueue's topology request for the training pods (launcher.placement), as pod-template annotations. */}}
+{{- define "imagenet-train.topologyAnnotations" -}}
+{{- with .Values.launcher.placement.requiredTopology }}
+kueue.x-k8s.io/podset-required-topology: {{ . | quote }}
+{{- end }}
+{{- with .Values.launcher.placement.preferredTopology }}
+kueue.x-k8s.io/podset-preferred-topology: {{ . | quote }}
 {{- end }}
 {{- end }}

@@ -138,7 +138,7 @@ labels:
   {{- with .Values.podLabels }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
-{{- with .Values.podAnnotations }}
+{{- with merge (include "imagenet-train.topologyAnnotations" . | fromYaml) (.Values.podAnnotations | default dict) }}
 annotations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
