@@ -20,7 +20,7 @@ from imagenet_train.commands import (
     train_cmd,
 )
 from imagenet_train.commands.train_cmd import train_config  # noqa: F401 (its old home: notebooks import it from here)
-from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted, one_line, visible
+from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted, PreflightFailed, one_line, visible
 from imagenet_train.launchers.launcher_death import die_with_launcher
 from imagenet_train.redact import redact, redact_logs
 
@@ -79,9 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"imagenet-train: stopped by {stop}: nothing saved", file=sys.stderr, flush=True)
         waiting.leave_now(stop.exit_code)
         return stop.exit_code
-    except PeerLost as lost:
-        print(f"imagenet-train: error: {lost}", file=sys.stderr)
-        return lost.exit_code
+    except (PeerLost, PreflightFailed) as ending:  # a preflight's failures: one line each, on rank 0 only
+        for line in str(ending).splitlines():
+            print(f"imagenet-train: error: {line}", file=sys.stderr, flush=True)
+        return ending.exit_code
     except OSError as error:
         if error.filename is None:
             raise

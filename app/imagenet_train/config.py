@@ -447,6 +447,20 @@ class RunConfig:
         minimum=0,
     )
     force: bool = setting(False, "run even when the pre-flight check says the configuration will hang")
+    preflight: bool = setting(
+        False,
+        "before training, check every rank's node: its GPU computes a known matmul and reports free memory, an "
+        "all-reduce over the world reaches --preflight-min-busbw, the shard index answers, the run directory "
+        "has room for two checkpoints (imagenet-train preflight runs the same checks alone); a failure names "
+        "rank and host in one line each and exits 3; docs/preflight.md",
+    )
+    preflight_min_busbw: float = setting(
+        0.0,
+        "the all-reduce bus bandwidth in GB/s (as nccl-tests reports busbw) that --preflight and imagenet-train "
+        "preflight require over the world (0: measured and reported only)",
+        minimum=0,
+        maximum=100_000,
+    )
     tensorboard: bool = setting(
         True,
         "write TensorBoard events (loss, LR, top-1/top-5, img/s, data wait, per-rank batches) under "

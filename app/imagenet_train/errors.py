@@ -66,6 +66,18 @@ class Preempted(Exception):
         return 128 + self.signum
 
 
+class PreflightFailed(Exception):
+    """Ranks failed a preflight check (ops/preflight.py): its lines name rank, host and check, one each.
+
+    Exit 3: a node unfit to train on is no reason to retry on it (Kubeflow's ExitCode policy: 1-127 are permanent).
+    """
+
+    exit_code = 3
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+
+
 # Kubeflow's exit code for "retry me" (128 + SIGUSR1, also a Slurm pre-emption's clean stop): the Training
 # Operator restarts a pod that exits with it (ExitCode), the chart's Indexed Job replaces it (counted against
 # backoffLimit), and the Slurm script requeues the job.

@@ -270,8 +270,8 @@ MAX_LINES = 400
 # The loop and the epoch stream read top to bottom: the loop's extras are hooks, the stream's stages are stages.
 SHORTER = {"training/loop.py": 280, "loading/stream.py": 300}
 # config.py is one declaration per setting (the house rule: every setting is declared there once), so it grows
-# with the settings, not with what it does.
-LONGER = {"config.py": 540}
+# with the settings, not with what it does (issue 49 splits its data section by concern).
+LONGER = {"config.py": 600}
 
 
 def test_no_module_is_longer_than_it_should_be():

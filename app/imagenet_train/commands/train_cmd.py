@@ -62,6 +62,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """Check every rank's node as --preflight does before training, then leave (exit 3 on a failure)."""
+    from imagenet_train.ops.preflight import run_preflight
+    from imagenet_train.training.dist import cleanup, init_distributed
+
+    info = init_distributed()
+    try:
+        run_preflight(args.config.for_world(info.world), info)
+    finally:
+        cleanup()
+    return 0
+
+
 def _check_train(args: argparse.Namespace) -> None:
     """The cross-field checks of a training configuration, before anything starts."""
     from imagenet_train.config_checks import checked
@@ -72,5 +85,17 @@ def _check_train(args: argparse.Namespace) -> None:
 COMMANDS = (
     Command(
         "train", "train (run under torchrun for DDP)", TrainOptions, cmd_train, check=_check_train, settings=_groups()
+    ),
+    Command(
+        "preflight",
+        "check every rank's node before a run: device, all-reduce bandwidth, shard index, run directory (torchrun)",
+        TrainOptions,
+        cmd_preflight,
+        check=_check_train,
+        settings=_groups(),
+        description="Run under torchrun with the run's own flags or --config: every rank checks its GPU (a known "
+        "matmul, free memory), an all-reduce over the world measures bus bandwidth against --preflight-min-busbw, "
+        "the shard index must answer, and the run directory must take a file and have room for two checkpoints. "
+        "Rank 0 writes RUN_DIR/preflight.json; a failure names rank and host in one line each and exits 3.",
     ),
 )

@@ -36,6 +36,11 @@ def train(cfg: Config) -> dict:
     request.install()  # before the first collective: a signal during start-up is noted, not fatal
     info = init_distributed()
     try:
+        if cfg.run.preflight:
+            from imagenet_train.ops.preflight import run_preflight
+
+            with waiting.blocking("the preflight checks (an all-reduce over every rank)"):
+                run_preflight(cfg.for_world(info.world), info)
         result = _run_released(cfg.for_world(info.world), info, request)
         if info.is_main:
             print(f"run directory: {Path(cfg.run.run_dir).resolve()}", flush=True)
