@@ -10,6 +10,7 @@ from imagenet_train import waiting
 from imagenet_train.commands import (
     Parser,
     add_command,
+    add_version,
     bucket_cmd,
     evaluate_cmd,
     launch_cmd,
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
         description="ImageNet to WebDataset shards to multinode DDP training.",
     )
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for command in COMMANDS:
         add_command(commands, command, formatter)
@@ -59,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `imagenet-train` console script: parse, check every option, then dispatch."""
     die_with_launcher()  # first: a rank whose torchrun agent is killed from here on must not live on
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:  # as git: the command list, and a usage error's exit code
+        build_parser().print_help()
+        return 2
     try:
         args = build_parser().parse_args(argv)
         check = getattr(args, "check", None)
