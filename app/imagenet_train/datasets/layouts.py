@@ -8,6 +8,7 @@ import logging
 import os
 import tarfile
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,10 +69,11 @@ class Dataset:
 class _Tree:
     """The source tree being walked: which of its symlinks lead out of it (skipped unless followed)."""
 
-    def __init__(self, root: Path, follow_symlinks: bool):
+    def __init__(self, root: Path, follow_symlinks: bool, progress: bool = False):
         self.real = os.path.realpath(root)
         self.follow = follow_symlinks
         self.outside: list[str] = []
+        self.progress = progress  # a bar per split while its class folders are listed (1,000 for ImageNet)
 
     def inside(self, path: str | Path, is_link: bool = True) -> bool:
         """Whether `path` may be read: not a symlink (or under one) resolving out of the tree; notes it if so."""
@@ -129,7 +131,7 @@ def _folder_images(class_dir: Path, tree: _Tree) -> list[SourceImage]:
 
 def _image_folder_split(root: Path, split: str, classes: list[str] | None, tree: _Tree) -> list[SourceImage]:
     images: list[SourceImage] = []
-    for class_dir in _class_dirs(root, split, tree):
+    for class_dir in scanning(_class_dirs(root, split, tree), f"scanning {split}", tree.progress):
         found = _folder_images(class_dir, tree)
         if not found and split == "train":
             raise ImagenetTrainError(f"{class_dir}: class directory is empty (expected images)")
@@ -223,13 +225,21 @@ def _tar_members(path: str, stream, offset: int = 0, size: int | None = None):
         raise ImagenetTrainError(f"{path}: not a readable tar ({error})") from None
 
 
-def _ilsvrc_tars(root: Path, val_labels: Path | None) -> Dataset:
+def scanning(items: list, what: str, shown: bool) -> Iterable:
+    """`items` with a progress bar named `what` while a source's folders or tars are listed (minutes on ImageNet)."""
+    from tqdm import tqdm
+
+    return tqdm(items, desc=what, unit="class", disable=not shown)
+
+
+def _ilsvrc_tars(root: Path, val_labels: Path | None, progress: bool = False) -> Dataset:
     train_tar = root / TRAIN_TAR
     splits: dict[str, list[SourceImage]] = {}
     classes: list[str] = []
     with open(train_tar, "rb") as stream:
         train: list[SourceImage] = []
-        for name, offset, size in list(_tar_members(str(train_tar), stream)):
+        members = list(_tar_members(str(train_tar), stream))
+        for name, offset, size in scanning(members, f"scanning {TRAIN_TAR}", progress):
             if not name.endswith(".tar"):
                 continue
             wnid = _stem(name)
@@ -299,7 +309,9 @@ def _image_folder(root: Path, val_labels: Path | None, tree: _Tree) -> Dataset:
     return Dataset("imagefolder", classes, splits)
 
 
-def discover(root: str | Path, val_labels: str | Path | None = None, follow_symlinks: bool = False) -> Dataset:
+def discover(
+    root: str | Path, val_labels: str | Path | None = None, follow_symlinks: bool = False, progress: bool = False
+) -> Dataset:
     """Recognise the layout under `root` and list every image with its class, split and unique key.
 
     Symlinks that lead out of `root` are not followed (an image there is not part of this dataset, and a
@@ -311,9 +323,9 @@ def discover(root: str | Path, val_labels: str | Path | None = None, follow_syml
         raise ImagenetTrainError(f"{root}: input directory does not exist")
     if not root.is_dir():
         raise ImagenetTrainError(f"{root}: expected a directory holding the dataset")
-    tree = _Tree(root, follow_symlinks)
+    tree = _Tree(root, follow_symlinks, progress)
     if (root / TRAIN_TAR).is_file():
-        dataset = _ilsvrc_tars(root, labels)  # two files named by the layout, read in place: nothing to walk
+        dataset = _ilsvrc_tars(root, labels, progress)  # two files named by the layout, read in place: nothing to walk
     elif (root / KAGGLE_ROOT).is_dir():
         dataset = _kaggle(root, labels, tree)
     elif (root / "train").is_dir():
