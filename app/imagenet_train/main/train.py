@@ -51,12 +51,12 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
     trainer: Trainer | None = None
     failure: BaseException | None = None
     parts = run_parts(cfg, info)
-    if info.is_main and info.device.type == "cpu" and (advice := cpu_advice(cfg.data.batch_size, cfg.data.workers)):
-        log.warning("%s", advice)
     try:
         with waiting.interruptible("fetching the shard index"):
             source = run_source(cfg.data)
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)  # before the model: a plan that hangs
+        if info.is_main and info.device.type == "cpu" and (advice := cpu_advice(cfg.data.batch_size, cfg.data.workers)):
+            log.warning("pre-flight: %s", advice)
         with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
             # DDP's constructor broadcasts: a peer can be lost here
             trainer = Trainer(cfg, info, source, parts, request)
