@@ -15,11 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from integration.test_gcs import BUCKET, emulator  # noqa: F401 (a fixture: a real gcp-storage-emulator)
 
 from imagenet_train.config import RunConfig
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.rundir.directory import RunDirectory
+from imagenet_train.training.models import architecture
 from security.test_state_attacks import _as_nobody, nobody_python  # noqa: F401 (a fixture: Python nobody may run)
 
 from conftest import SMALL_TRAIN, cli
@@ -234,3 +236,23 @@ def test_an_upload_session_folder_of_another_user_is_refused_in_one_line(
     result = subprocess.CompletedProcess(upload.args, upload.returncode, stdout, stderr)
     _one_line_error(result, f"upload sessions folder {sessions}: owned by uid ", "refused")
     assert list(sessions.iterdir()) == []  # no session record left where nobody can read it
+
+
+def test_evaluate_writes_no_eval_json_through_a_link_in_another_users_run_folder(
+    nobody_python,  # noqa: F811
+    shared_folder,
+    targets,
+    digit_shards,
+    tmp_path,
+):
+    weights = tmp_path / "weights.pt"
+    torch.save(architecture(RunConfig(arch="resnet18"), 10).state_dict(), weights)
+    run_dir, link = shared_folder / "run", shared_folder / "run" / "eval.json"
+    code = "import os, sys; os.umask(0); os.mkdir(sys.argv[1], 0o777); os.symlink(sys.argv[2], sys.argv[3])"
+    _as_nobody(nobody_python, code, str(run_dir), str(targets["config.json"]), str(link))
+    small = ["--arch", "resnet18", "--val-resize", "32", "--val-crop-size", "32", "--workers", "1"]  # fmt: skip
+    result = cli(
+        "evaluate", str(weights), "--shards", str(digit_shards), "--run-dir", str(run_dir), *small, timeout=300
+    )
+    _unchanged(targets)
+    _one_line_error(result, f"--run-dir {run_dir} (eval.json's folder): owned by uid ", "refused")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,9 +93,15 @@ def report(record: dict, weights: str, use_ema: bool, val_tta: bool, arch: str) 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate the weights on the val shards; write the JSON report and print the summary line."""
+    from imagenet_train.io.atomic import atomic_write
+    from imagenet_train.io.owned import owned_folder
     from imagenet_train.main.evaluate import evaluate_weights
 
     cfg = args.config
+    run_dir = "" if args.out else cfg.run.run_dir  # RUN_DIR/eval.json: the run folder must be ours (io/owned.py)
+    what = f"--run-dir {run_dir} (eval.json's folder)"
+    if run_dir and os.path.lexists(run_dir):  # before the pass over the val shards, which a refusal then costs none
+        owned_folder(run_dir, what)
     record, info = evaluate_weights(cfg, args.weights, args.ema)
     if not info.is_main:
         return 0
@@ -110,9 +117,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         print(line, file=sys.stderr, flush=True)
         return 0
-    out = Path(args.out or Path(cfg.run.run_dir) / "eval.json")
+    out = owned_folder(run_dir, what) / "eval.json" if run_dir else Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    with atomic_write(out, "w", private=bool(run_dir)) as stream:  # a link at its name is replaced
+        stream.write(text)
     print(f"{line}; written to {out}", flush=True)
     return 0
 
