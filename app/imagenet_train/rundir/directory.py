@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 import torch
 
@@ -122,7 +122,7 @@ class KeyLog:
 
     def __init__(self, run_dir: str | Path, epoch: int, rank: int, start: int):
         folder = run_folder(run_dir, *epoch_folder("", epoch).parts)
-        self.stream: TextIO = appending(folder / f"rank-{rank:04d}-from-{start:06d}.keys")
+        self.stream: IO[str] = appending(folder / f"rank-{rank:04d}-from-{start:06d}.keys")
 
     def fetched(self, index: int, keys: list[str]) -> None:
         """Record the sample keys of batch `index`, written out before its step runs."""
