@@ -67,6 +67,10 @@ WRITABLE_ENV = {
     "XDG_CACHE_HOME": f"{SCRATCH_MOUNT}/.cache",
     "IMAGENET_TRAIN_UPLOAD_SESSIONS": f"{RESULTS_MOUNT}/.upload-sessions",
 }
+# The kubelet makes a volume group-writable for the pod's fsGroup each time it mounts it (a restarted pod's claim):
+# folders of ours that only the pod's own group may also write to are accepted (io/owned.py). The pod's own
+# variables win.
+POD_DEFAULTS = {"IMAGENET_TRAIN_TRUST_GROUP": "1"}
 
 
 @dataclass(frozen=True)
@@ -171,7 +175,7 @@ def settings_flags(settings: Mapping[str, Any]) -> list[str]:
 def pod_environment(deployment: Deployment, environ: Mapping[str, str]) -> dict[str, str]:
     """The environment `launch` runs torchrun with: the pod's own variables win, except the writable paths
     (the container runtime always sets HOME, to a directory on the read-only root)."""
-    return {**deployment.env, **environ, **WRITABLE_ENV}
+    return {**deployment.env, **POD_DEFAULTS, **environ, **WRITABLE_ENV}
 
 
 def read_deployment(document: Mapping[str, Any]) -> Deployment:

@@ -27,40 +27,14 @@ import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
 
-from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.integrity import DigestMismatch, copy_verified
-
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
-
-
-def ours(info: os.stat_result) -> bool:
-    """Whether a file or folder belongs to this user and no one else may write to it."""
-    return info.st_uid == os.geteuid() and not info.st_mode & _OTHERS_WRITE
+from imagenet_train.io.owned import ours, private_folder
 
 
 def checked_cache_dir(cache_dir: str) -> str:
     """The folder to cache in: `cache_dir` when it is this user's and closed to others' writes; a private
     folder of this user inside it when root owns it (a pod's emptyDir, /tmp); else an error naming it."""
-    try:
-        os.makedirs(cache_dir, mode=0o755, exist_ok=True)
-        info = os.lstat(cache_dir)
-        if stat.S_ISDIR(info.st_mode) and ours(info):
-            return cache_dir
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == 0:
-            private = os.path.join(cache_dir, f"imagenet-train-{os.geteuid()}")
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(private, 0o700)
-            mine = os.lstat(private)
-            if stat.S_ISDIR(mine.st_mode) and ours(mine):
-                return private
-            cache_dir, info = private, mine
-    except OSError as error:
-        raise ImagenetTrainError(f"--cache-dir {cache_dir}: cannot make or read ({error.strerror})") from None
-    owner = "" if info.st_uid == os.geteuid() else f"owned by uid {info.st_uid}, "
-    raise ImagenetTrainError(
-        f"--cache-dir {cache_dir}: {owner}mode {stat.filemode(info.st_mode)}; expected a directory of this user "
-        "that no one else may write to (another user could plant shards in it), refused"
-    )
+    return private_folder(cache_dir, "--cache-dir", "another user could plant shards in it")
 
 
 def _open_own(path: str) -> BinaryIO | None:

@@ -24,6 +24,7 @@ import torch
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write, free_space
+from imagenet_train.io.owned import owned_folder
 from imagenet_train.planning.position import MAX_EPOCH, Position
 from imagenet_train.weights_files import read_torch_file
 
@@ -46,8 +47,8 @@ def save(state: dict, path: Path) -> None:
     state = plain(state)
     writer = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(path, "wb", buffering=0) as raw:
+        owned_folder(path.parent)  # 0700 when made; another user's folder or link is one line
+        with atomic_write(path, "wb", buffering=0, private=True) as raw:
             writer = _Writer(raw)
             torch.save(state, writer)
     except (OSError, RuntimeError) as error:  # torch's zip writer reports a failed write as RuntimeError

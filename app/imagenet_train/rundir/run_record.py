@@ -18,6 +18,7 @@ from imagenet_train.config import DataConfig
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.atomic import atomic_write
+from imagenet_train.io.owned import owned_folder
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.rundir.events import EpochEvents
 
@@ -49,10 +50,11 @@ class Tracker(Protocol):
 def write_config(run_dir: Path, config_json: str, derived: dict[str, Any]) -> dict[str, Any]:
     """config.json: every setting as the run resolved it, plus what it derived (world size, LR, epochs...);
     returns what it wrote."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     resolved = json.loads(config_json)
     resolved["derived"] = derived
-    (run_dir / "config.json").write_text(json.dumps(resolved, indent=1) + "\n")
+    # Replaced by rename, 0600, in a folder of ours: a link planted at config.json is replaced, never written through.
+    with atomic_write(owned_folder(run_dir) / "config.json", "w", private=True) as stream:
+        stream.write(json.dumps(resolved, indent=1) + "\n")
     return resolved
 
 
@@ -164,7 +166,7 @@ def epoch_lines(path: Path) -> dict[int, bytes]:
 
 def write_lines(path: Path, lines: dict[int, bytes]) -> None:
     """Replace metrics.jsonl, in one step, with these lines in epoch order."""
-    with atomic_write(path) as stream:
+    with atomic_write(path, private=True) as stream:
         stream.write(b"".join(lines[epoch] for epoch in sorted(lines)))
 
 
