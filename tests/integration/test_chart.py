@@ -307,6 +307,7 @@ def test_the_train_values_are_the_training_config_file(rendered):
         "lr": 0.4,
         "hflip": False,
         "resume": "latest",
+        "preflight": True,
     }
     pods = [p for o in objects.values() for p in k8s_checks.pod_templates(o) if o["kind"] == "PyTorchJob"]
     limits = pods[0]["spec"]["containers"][0]["resources"]["limits"]
@@ -541,7 +542,7 @@ def test_render_py_merges_values_files_like_helm(tmp_path):
     assert master["tolerations"] == [{"key": "gpu", "operator": "Exists"}] and "nodeSelector" not in master
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     config = config_files(objects)
-    assert config["train.yaml"] == {"lr": 0.4, "epochs": 5, "resume": "latest"}
+    assert config["train.yaml"] == {"lr": 0.4, "epochs": 5, "resume": "latest", "preflight": True}
     assert read_deployment(config["deployment.yaml"]).train_flags[3] == "/results/exp-1"
 
 
