@@ -52,6 +52,11 @@ MAX_IMAGE_PIXELS = 1 << 26
 # Seconds of outage (of the shard server or a bucket) to wait out before failing: long enough for a server pod
 # to be rescheduled. The default of --io-timeout and of every function that waits.
 IO_TIMEOUT = 900.0
+# The outage a one-shot command (plan, summarize, evaluate, upload, sync) waits out by default: a person or a
+# script is waiting on it, and a server that is gone should cost seconds, not training's 15 minutes. 30 s rides
+# out a server's restart (nginx or its container: seconds) with ~5 backed-off attempts (0.5 s doubling); a
+# rescheduled pod takes longer, and `--io-timeout 900` waits for one as training does.
+ONE_SHOT_IO_TIMEOUT = 30.0
 
 
 @dataclass

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from imagenet_train.declarations import add_flag, add_options, did_you_mean
+from imagenet_train.config import ONE_SHOT_IO_TIMEOUT
+from imagenet_train.declarations import add_flag, add_options, did_you_mean, option
 from imagenet_train.errors import one_line
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '(.*?)' \(choose from (.*)\)$")
@@ -103,6 +104,18 @@ def training(name: str, context: str = "", given_only: bool = True) -> Any:
     setting, rule = declaration(name)
     metadata = {"setting": rule, "given_only": given_only, "context": context}
     return dataclasses.field(default=setting.default, metadata=metadata)
+
+
+def one_shot_io_timeout(default: float = ONE_SHOT_IO_TIMEOUT, waiting_for: str = "the shard server") -> Any:
+    """--io-timeout as a one-shot command takes it: a short budget by default (train's rides out a pod's move)."""
+    return option(
+        default,
+        f"seconds to wait out an outage of {waiting_for} before failing (capped exponential backoff); "
+        "train's own default is 900 s, to ride out a server pod's rescheduling",
+        kind=float,
+        minimum=0,
+        maximum=7 * 24 * 3600,
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: Command) -> None:

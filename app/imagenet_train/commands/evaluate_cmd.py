@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from imagenet_train.commands import Command
+from imagenet_train.commands import Command, one_shot_io_timeout
 from imagenet_train.config import declaration
 from imagenet_train.declarations import option, positional
 
@@ -27,7 +27,6 @@ SETTINGS = (
     "val_resize_size",
     "val_crop_size",
     "decoder",
-    "io_timeout",
     "on_broken_shard",
     "cache_dir",
     "verify_shards",
@@ -56,6 +55,9 @@ class EvaluateOptions:
         flags=("--config",),
         metavar="FILE",
     )
+    # Its own flag, not the setting: a run's config.json holds training's budget, which a one-shot command
+    # against a gone server would sit out for 15 minutes.
+    io_timeout: float = one_shot_io_timeout()
 
 
 def _config_from(args: argparse.Namespace):
@@ -71,6 +73,7 @@ def _config_from(args: argparse.Namespace):
         for name in SETTINGS:
             if hasattr(section, name):
                 setattr(section, name, given.get(name, chosen.get(name, declaration(name)[0].default)))
+    cfg.data.io_timeout = args.io_timeout
     return checked(cfg)
 
 
