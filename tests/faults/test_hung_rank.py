@@ -4,7 +4,10 @@ line naming the rank and host that stopped answering, with the retry code the la
 
 Two nodes as `imagenet-train ssh` starts them (a static world, one `launch` and one rank each), so the survivor's
 launcher exit code is what a PyTorchJob, an Indexed Job or Slurm's requeue sees. The message's arithmetic is in
-tests/unit/test_liveness.py, the same timeout in a bare gloo world in tests/integration/test_hung_rank.py."""
+tests/unit/test_liveness.py, the same timeout in a bare gloo world in tests/integration/test_hung_rank.py.
+
+The other side of the limit: a shard-server outage that a rank rides out holds the other rank in the step's
+collective, and a limit of at least --loader-timeout (what the settings check enforces) lets the run finish."""
 
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ import pytest
 from imagenet_train.errors import RETRY_EXIT
 from imagenet_train.ops.serve import NginxServer, free_port
 
-from .runs import FAULT_TRAIN, Row, TorchRun, step_checkpoint, traceback_in
+from .injectors import RestartableNginx, timed_outage
+from .runs import FAULT_TRAIN, Row, TorchRun, outcome_of, step_checkpoint, traceback_in
 from conftest import LONG_EPOCH, child_pids
 
 TIMEOUT_S = 45  # --collective-timeout: short, so the test bounds its own wait (the old code waits 30 min)
@@ -72,3 +76,39 @@ def test_a_rank_stopped_mid_epoch_makes_the_other_leave_within_the_timeout_namin
     assert len(errors) == 1, text[-3000:]
     assert f"rank 1 on host {socket.gethostname()} (pid {ranks[0]}) stopped answering" in errors[0], errors[0]
     assert f"--collective-timeout {TIMEOUT_S} s" in errors[0], errors[0]
+
+
+OUTAGE_S = 20
+# An outage's reads retry with backoff capped at 30 s and give up when the next retry would pass --io-timeout, so
+# the budget is well over the outage; --loader-timeout covers the outage and a last backoff, and the collective limit
+# is the least the settings check allows: --loader-timeout.
+OUTAGE_WAITS = ["--io-timeout", "120", "--loader-timeout", "150", "--collective-timeout", "150"]
+
+
+@pytest.mark.slow  # about 2 minutes
+@pytest.mark.timeout(900)
+def test_an_outage_a_rank_rides_out_inside_the_others_collective_does_not_time_it_out(many_shards, tmp_path, record):
+    run_dir = tmp_path / "run"
+    args = ["--mode", "split", *FAULT_TRAIN, "--shuffle-buffer", "10", "--workers", "1", *OUTAGE_WAITS]
+    server = RestartableNginx(str(many_shards), port=free_port())
+    server.start()
+    try:
+        run = TorchRun(["--shards", f"{server.url}/shards.json", "--run-dir", str(run_dir), *args], tmp_path / "a.log")
+        run.wait_for(step_checkpoint(run_dir, 4).exists, 300, "a checkpoint at step 4")
+        outage = timed_outage(server.down, server.up, OUTAGE_S)
+        code = run.wait(timeout=600)
+    finally:
+        server.stop()
+    text = run.output()
+    record(
+        Row(
+            fault=f"nginx stopped mid-epoch for {OUTAGE_S} s under --collective-timeout 150 (= --loader-timeout)",
+            mode="split",
+            outcome=outcome_of(code, text),
+            seconds=round(run.seconds, 1),
+            notes=[f"server down {outage['down_s']:.0f} s"],
+        )
+    )
+    assert code == 0, f"the outage ended the run:\n{text[-4000:]}"
+    assert "waiting for " in text, "the outage met no read: nothing waited"
+    assert not traceback_in(text) and "stopped answering" not in text
