@@ -118,7 +118,7 @@ def is_peer_lost(error: BaseException) -> bool:
 
 def is_collective_timeout(error: BaseException) -> bool:
     """Whether a collective failed because a peer did not answer within the process group's timeout (gloo: "Timed
-    out waiting Nms for recv", then "Application timeout caused pair closure"; NCCL's watchdog: "timed out")."""
+    out waiting Nms for recv operation to complete"; NCCL's watchdog: "... timed out" / "timeout")."""
     text = str(error).lower()
     return is_peer_lost(error) and ("timed out" in text or "timeout" in text)
 

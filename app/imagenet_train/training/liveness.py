@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from imagenet_train import waiting
+
 BEATS_PER_TIMEOUT = 40  # beats within one --collective-timeout: the default's 1200 s beats every 30 s
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.5, 30.0
 SILENT_BEATS = 2.5  # a rank whose counter stays put over this many intervals has stopped answering
@@ -129,6 +131,7 @@ class Heartbeat:
 
         reader = threading.Thread(target=measure, name="who-stopped", daemon=True)
         reader.start()
-        reader.join(SILENT_BEATS * self.interval + 30)
+        with waiting.interruptible("naming the rank that stopped answering"):  # a stop signal need not wait for it
+            reader.join(SILENT_BEATS * self.interval + 30)
         before, after = readings if len(readings) == 2 else ({}, {})
         return hang_message(self.rank, timeout_s, before, after, exit_code)
