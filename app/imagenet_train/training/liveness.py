@@ -41,9 +41,9 @@ class Beat:
     host: str
     pid: int
 
-    def encode(self) -> bytes:
-        """The store's value for this beat."""
-        return f"{self.count} {self.pid} {self.host}".encode()
+    def encode(self) -> str:
+        """The store's value for this beat ('count pid host')."""
+        return f"{self.count} {self.pid} {self.host}"
 
     @classmethod
     def decode(cls, value: bytes) -> Beat:
