@@ -57,6 +57,9 @@ IO_TIMEOUT = 900.0
 # out a server's restart (nginx or its container: seconds) with ~5 backed-off attempts (0.5 s doubling); a
 # rescheduled pod takes longer, and `--io-timeout 900` waits for one as training does.
 ONE_SHOT_IO_TIMEOUT = 30.0
+# --collective-timeout's default: the longest the default --loader-timeout lets a rank wait for a batch (an outage
+# of IO_TIMEOUT and the read after it), while the others wait in the step's collective (docs/faults.md).
+COLLECTIVE_TIMEOUT = 1200.0
 
 
 @dataclass
@@ -429,6 +432,13 @@ class RunConfig:
     run_dir: str = setting("runs/latest", "directory for config.json, metrics.jsonl and checkpoints")
     results: str = setting("", "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)")
     resume: str = setting("", "'latest' (newest checkpoint in --run-dir) or a checkpoint path")
+    collective_timeout: float = setting(
+        COLLECTIVE_TIMEOUT,
+        "seconds a collective waits before the others leave naming the rank and host that stopped answering (exit "
+        "138); at least --loader-timeout (1200 s by default): a rank riding out an outage holds the others in one",
+        minimum=10,
+        maximum=7 * 24 * 3600,
+    )
     eval_every: int = setting(1, "evaluate every N epochs (and after the last)", minimum=1)
     val_tta: bool = setting(
         False,

@@ -47,7 +47,23 @@ def check_combinations(cfg: Config) -> None:
             f"--loader-timeout: {data.loader_timeout:g} s would give up before --io-timeout {data.io_timeout:g} s "
             "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
         )
+    _check_collective_timeout(cfg)
     check_installed(cfg.run.tracker)
+
+
+def _check_collective_timeout(cfg: Config) -> None:
+    """--collective-timeout outlasts a rank's longest legitimate wait for a batch, during which the others wait in
+    the step's collective: a survivable outage must not end the run as a hang."""
+    data, limit = cfg.data, cfg.run.collective_timeout
+    longest, name = (
+        (data.loader_timeout, "--loader-timeout") if data.loader_timeout else (data.io_timeout, "--io-timeout")
+    )
+    if limit < longest:
+        raise ImagenetTrainError(
+            f"--collective-timeout: {limit:g} s would end the run while a rank rides out an outage ({name} "
+            f"{longest:g} s) and the others wait for it in a collective; expected at least {longest:g}, or a lower "
+            f"{name}"
+        )
 
 
 def _check_optimizer(cfg: Config) -> None:
