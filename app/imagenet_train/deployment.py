@@ -52,7 +52,9 @@ STATIC_RENDEZVOUS = frozenset({LauncherKind.INDEXEDJOB, LauncherKind.JOBSET})
 JOBSET_NAMED = frozenset({LauncherKind.JOBSET, LauncherKind.TRAINJOB})
 
 # Training settings the deployment sets from its other sections; the chart's `train:` schema leaves them out.
-OWNED = frozenset({"shards", "train_urls", "val_urls", "train_samples", "run_dir", "results", "cache_dir"})
+OWNED = frozenset(
+    {"shards", "train_urls", "val_urls", "train_samples", "run_dir", "results", "cache_dir", "metrics_port"}
+)
 
 RESULTS_MOUNT = "/results"
 CACHE_MOUNT = "/cache"
@@ -151,14 +153,22 @@ def rendezvous_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
     return env
 
 
-def owned_flags(shards: str, run_dir: str, results: str = "", cache_dir: str = "") -> list[str]:
-    """The training flags a deployment sets: where shards come from and where results go."""
+def owned_flags(shards: str, run_dir: str, results: str = "", cache_dir: str = "", metrics_port: int = 0) -> list[str]:
+    """The training flags a deployment sets: where shards come from, where results go, the metrics' port."""
     flags = ["--shards", shards, "--run-dir", run_dir]
     if results:
         flags += ["--results", results]
     if cache_dir:
         flags += ["--cache-dir", cache_dir]
+    if metrics_port:
+        flags += ["--metrics-port", str(metrics_port)]
     return flags
+
+
+def metrics_port(values: Mapping[str, Any]) -> int:
+    """The port local rank 0 serves metrics on (metrics.port; 0 with metrics off or no metrics section)."""
+    metrics = values.get("metrics") or {}
+    return int(metrics["port"]) if metrics.get("enabled") else 0
 
 
 def settings_flags(settings: Mapping[str, Any]) -> list[str]:
@@ -192,6 +202,7 @@ def read_deployment(document: Mapping[str, Any]) -> Deployment:
         f"{RESULTS_MOUNT}/{run}",
         results=f"{bucket}/{run}" if bucket else "",
         cache_dir=CACHE_MOUNT if values["cache"]["enabled"] else "",
+        metrics_port=metrics_port(values),
     )
     # The operator's `train:` values reach `train` as train.yaml, a file; what only a command line may give
     # (--trust-index, a pipe: URL) comes as flags as well, which train.yaml's values then do not override.
@@ -259,6 +270,12 @@ def problems(values: Mapping[str, Any], name: str | None = None) -> list[str]:
             f"launcher.nprocPerNode: {procs} processes cannot each own one of the {gpus} GPUs in "
             "resources.limits (set 0 for one per GPU)"
         )
+    first = metrics_port(values)
+    if first and first <= int(launcher["port"]) < first + nproc(values):
+        errors.append(
+            f"metrics.port: the metrics ports {first}..{first + nproc(values) - 1} take launcher.port "
+            f"{launcher['port']} (torchrun's rendezvous); move one of them"
+        )
     elastic = launcher["elastic"]
     if elastic["enabled"] and not elastic["minNodes"] <= launcher["nodes"] <= elastic["maxNodes"]:
         errors.append(
@@ -269,7 +286,7 @@ def problems(values: Mapping[str, Any], name: str | None = None) -> list[str]:
         settings = settings_from(values.get("train") or {}, "train")
         owned = sorted(OWNED & set(settings))
         if owned:
-            errors.append(f"train.{owned[0]}: set by the chart (shards, results, cache); remove it from train")
+            errors.append(f"train.{owned[0]}: set by the chart (shards, results, cache, metrics); remove it from train")
         config = Config()
         config.data.global_batch_size = settings.get("global_batch_size", 0)
         config.optim.grad_accum_steps = settings.get("grad_accum_steps", 1)
