@@ -83,7 +83,8 @@ def test_a_word_the_table_lacks_is_refused_in_one_line_on_both_paths(name):
 def test_an_enum_member_without_an_entry_is_refused_when_the_settings_are_read(monkeypatch):
     monkeypatch.delitem(POLICIES, AutoAugment.RA)
     message = refusal(lambda: checked(config_of("--auto-augment", "ra")))
-    assert message == "--auto-augment: expected one of none, ta_wide, imagenet, got 'ra'"
+    assert message == f"--auto-augment: expected one of {', '.join(str(name) for name in POLICIES)}, got 'ra'"
+    assert AutoAugment.RA not in POLICIES  # the words offered are what is left in the table
 
 
 def test_a_policy_without_a_dali_builder_is_refused_in_one_line_under_decoder_dali(monkeypatch):
