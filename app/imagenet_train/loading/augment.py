@@ -67,6 +67,7 @@ POLICIES: dict[AutoAugment, Policy] = {
         cpu=lambda mode: v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=mode),
         dali=_dali_auto_augment_imagenet,
     ),
+    AutoAugment.AUGMIX: Policy(cpu=lambda mode: v2.AugMix(interpolation=mode), dali=None),  # DALI has no AugMix
 }
 
 
