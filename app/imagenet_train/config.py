@@ -124,7 +124,7 @@ class DataConfig:
     )
     auto_augment: AutoAugment = setting(
         AutoAugment.NONE,
-        "augmentation policy after the crop and flip, one entry each in loading/augment.py's POLICIES: "
+        "augmentation policy after the crop and flip, one entry each in loading/policies.py's POLICIES: "
         "torchvision.transforms.v2's class, and DALI's auto_aug with --decoder dali (a policy DALI lacks is refused "
         "there); docs/training.md names each",
         choices=AutoAugment,

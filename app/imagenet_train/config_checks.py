@@ -121,7 +121,7 @@ def _check_resolution(data: DataConfig) -> None:
 def _check_policy(data: DataConfig) -> None:
     """The --auto-augment word has its entry in the one table both paths read, and a DALI builder there under
     --decoder dali; else one line."""
-    from imagenet_train.loading.augment import dali_builder, policy_entry
+    from imagenet_train.loading.policies import dali_builder, policy_entry
 
     policy_entry(data.auto_augment)
     if data.decoder == Decoder.DALI:

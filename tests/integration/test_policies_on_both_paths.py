@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from imagenet_train.loading import dali
-from imagenet_train.loading.augment import POLICIES
+from imagenet_train.loading.policies import POLICIES
 
 from conftest import cli, jpeg_bytes
 

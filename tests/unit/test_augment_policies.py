@@ -1,4 +1,4 @@
-"""The --auto-augment table (loading.augment.POLICIES): one entry per enum member, read by the CPU path, the DALI
+"""The --auto-augment table (loading.policies.POLICIES): one entry per enum member, read by the CPU path, the DALI
 path and the config checks; a word it lacks, or one DALI lacks under --decoder dali, refused in one line."""
 
 import re
@@ -14,8 +14,9 @@ from imagenet_train.config import DataConfig
 from imagenet_train.config_checks import checked
 from imagenet_train.declarations import declared
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.loading import dali
-from imagenet_train.loading.augment import POLICIES, Policy, after_crop, policy
+from imagenet_train.loading import dali, policies
+from imagenet_train.loading.augment import after_crop, policy
+from imagenet_train.loading.policies import POLICIES, Policy
 from imagenet_train.loading.presets import TrainPreset
 
 from conftest import jpeg_bytes
@@ -95,3 +96,8 @@ def test_a_policy_without_a_dali_builder_is_refused_in_one_line_under_decoder_da
     message = refusal(lambda: checked(config_of("--auto-augment", "ra", "--decoder", "dali")))
     assert message.startswith("--auto-augment ra: not available with --decoder dali")
     assert refusal(lambda: dali.dali_policy("ra", object())) == message
+
+
+def test_the_table_imports_neither_torch_nor_dali_so_the_config_checks_stay_light():
+    source = Path(policies.__file__).read_text()
+    assert not re.search(r"^(import|from) (torch|torchvision|nvidia)", source, re.MULTILINE)

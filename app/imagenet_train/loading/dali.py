@@ -23,8 +23,8 @@ from imagenet_train.config import CROP_SIZE, MAX_IMAGE_PIXELS, MIN_CROP_SCALE
 from imagenet_train.datasets.pixels import check_image, decoding
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.imagenet_stats import IMAGENET_MEAN, IMAGENET_STD
-from imagenet_train.loading.augment import dali_builder
 from imagenet_train.loading.batching import Batch
+from imagenet_train.loading.policies import dali_builder
 
 
 def available() -> bool:
@@ -218,6 +218,6 @@ class DaliDecoder:
 
 
 def dali_policy(name: AutoAugment | str, images):
-    """DALI's own --auto-augment policy (nvidia.dali.auto_aug, its entry in loading.augment's POLICIES) on a batch
+    """DALI's own --auto-augment policy (nvidia.dali.auto_aug, its entry in loading.policies' POLICIES) on a batch
     of uint8 HWC crops; a word the table lacks, or one without a DALI builder, is refused in one line."""
     return dali_builder(name)(images)
