@@ -132,9 +132,9 @@ class DataConfig:
     )
     auto_augment: AutoAugment = setting(
         AutoAugment.NONE,
-        "augmentation policy after the crop and flip (torchvision.transforms.v2; DALI's auto_aug with "
-        "--decoder dali): ta_wide (TrivialAugmentWide), ra (RandAugment), imagenet (AutoAugment's ImageNet "
-        "policy), none",
+        "augmentation policy after the crop and flip, one entry each in loading/policies.py's POLICIES: "
+        "torchvision.transforms.v2's class, and DALI's auto_aug with --decoder dali (a policy DALI lacks is refused "
+        "there); docs/training.md names each",
         choices=AutoAugment,
     )
     random_erase: float = setting(

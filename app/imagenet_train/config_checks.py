@@ -36,6 +36,7 @@ def check_combinations(cfg: Config) -> None:
             raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")
     _check_optimizer(cfg)
     _check_resolution(data)
+    _check_policy(data)
     if data.ra_reps > 1 and data.mode == Mode.RESAMPLED:
         raise ImagenetTrainError(
             f"--ra-reps {data.ra_reps}: needs --mode split or queue (resampled mode draws shards at random already)"
@@ -131,3 +132,13 @@ def _check_resolution(data: DataConfig) -> None:
             "--random-erase: not available with --decoder dali (DALI has no RandomErasing); "
             "use another --decoder or --random-erase 0"
         )
+
+
+def _check_policy(data: DataConfig) -> None:
+    """The --auto-augment word has its entry in the one table both paths read, and a DALI builder there under
+    --decoder dali; else one line."""
+    from imagenet_train.loading.policies import dali_builder, policy_entry
+
+    policy_entry(data.auto_augment)
+    if data.decoder == Decoder.DALI:
+        dali_builder(data.auto_augment)
