@@ -30,6 +30,7 @@ SETTINGS = (
     "io_timeout",
     "on_broken_shard",
     "cache_dir",
+    "cache_max_bytes",
     "verify_shards",
     "max_image_pixels",
     "loader_timeout",
