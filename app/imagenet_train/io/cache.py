@@ -140,11 +140,11 @@ class _Tee(io.RawIOBase):
         except Exception:
             self.complete = False
         # Renamed or removed while this writer still locks it: no evictor takes it for a killed writer's.
-        if self.complete and not self.overrun:
-            os.replace(self.temporary, self.path)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(self.temporary)
+        bounded = self.reserved is not None
+        with decision(os.path.dirname(self.path)) if bounded else contextlib.nullcontext():
+            if not (self.complete and not self.overrun and _in_place(self.temporary, self.path, bounded)):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.temporary)
         self.sink.close()
         self.source.close()
         super().close()
@@ -183,6 +183,34 @@ def open_cached(
     return io.BufferedReader(_Tee(remote, path, part, size if max_bytes else None), buffer_size=1 << 20)
 
 
+def _checked_local(path: str, sha256: str, size: int | None) -> BinaryIO | None:
+    """The cached copy at `path` once it matched the index's sha256; a damaged or planted one is removed."""
+    local = _open_own(path, CheckedCopy)
+    if local is None:
+        return None
+    try:
+        copy_verified(local, None, sha256, size)
+    except DigestMismatch:
+        local.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+    local.seek(0)
+    return local
+
+
+def _in_place(temporary: str, path: str, bounded: bool) -> bool:
+    """Rename a finished copy to `path`, unless (under a limit) a copy is there already: a reader may hold that
+    one, and its blocks would outlive its name uncounted; the new copy is removed then. Whether it was renamed."""
+    if bounded:
+        with contextlib.suppress(FileNotFoundError):
+            if ours(info := os.lstat(path)) and stat.S_ISREG(info.st_mode):
+                os.unlink(temporary)
+                return False
+    os.replace(temporary, path)
+    return True
+
+
 def open_verified(
     url: str,
     cache_dir: str,
@@ -195,17 +223,9 @@ def open_verified(
     from it; raises DigestMismatch when the remote shard does not match (nothing is cached then). When it
     cannot be cached under `max_bytes`, the remote stream (not a CheckedCopy: the loader checks it at its end)."""
     path = cache_path(checked_cache_dir(cache_dir), url)
-    local = _open_own(path, CheckedCopy)
+    local = _checked_local(path, sha256, size)
     if local is not None:
-        try:
-            copy_verified(local, None, sha256, size)
-        except DigestMismatch:
-            local.close()
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        else:
-            local.seek(0)
-            return local
+        return local
     part = reserve(path, size, max_bytes, ours)
     if part is None:
         return open_remote(url)
@@ -215,12 +235,15 @@ def open_verified(
             copy_verified(remote, sink, sha256, size)
         # Renamed and held for reading before any evictor looks (no lock file without a limit, as before).
         with decision(os.path.dirname(path)) if max_bytes else contextlib.nullcontext():
-            os.replace(temporary, path)
+            placed = _in_place(temporary, path, bool(max_bytes))
             fcntl.flock(descriptor, fcntl.LOCK_SH)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         os.close(descriptor)
         raise
+    if not placed:  # another process cached it meanwhile: read that one (checked again), else from the URL
+        os.close(descriptor)
+        return _checked_local(path, sha256, size) or open_remote(url)
     os.lseek(descriptor, 0, os.SEEK_SET)
     return CheckedCopy(io.FileIO(descriptor, "rb"), buffer_size=1 << 20)
