@@ -155,7 +155,16 @@ def rendezvous_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
 # rounding, the lock file, a copy replaced while a reader still holds it (its blocks live until it is closed) and
 # anything else written under /cache.
 CACHE_SHARE = Decimal("0.9")
-_SUFFIXES = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": Decimal("0.001")}
+_SUFFIXES: dict[str, int | Decimal] = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "m": Decimal("0.001"),
+}
 _SUFFIXES |= {f"{prefix}i": 1024 ** (n + 1) for n, prefix in enumerate("KMGTPE")}
 
 
