@@ -438,6 +438,14 @@ class RunConfig:
     checkpoint_every: int = setting(
         0, "also checkpoint every N batches inside an epoch, for mid-epoch resume (0: epoch ends only)", minimum=0
     )
+    keep_checkpoints: int = setting(
+        0,
+        "keep only the newest N whole-epoch checkpoints in RUN_DIR/checkpoints: after each new one is written, "
+        "older epochs' are removed, never one newer than it (0: keep every epoch's, as torchvision; the --results "
+        "bucket keeps every one either way)",
+        minimum=0,
+        maximum=1_000_000,
+    )
     log_keys: bool = setting(False, "debug: record every sample key read, per rank and epoch, under RUN_DIR/keys")
     metrics_port: int = setting(
         0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -60,6 +61,8 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
         with waiting.interruptible("fetching the shard index"):
             source = run_source(cfg.data)
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)  # before the model: a plan that hangs
+        if info.is_main and info.device.type == "cpu" and (advice := cpu_advice(cfg.data.batch_size, cfg.data.workers)):
+            log.warning("pre-flight: %s", advice)
         with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
             # DDP's constructor broadcasts: a peer can be lost here
             trainer = Trainer(cfg, info, source, parts, request)
@@ -91,6 +94,23 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
         if not waiting.cut_short():  # leaving at once (waiting.leave_now): collecting the loaders takes seconds
             gc.collect()
     raise failure
+
+
+CPU_BATCH = 32  # per rank: what a CPU steps through in seconds, not minutes (a ResNet-50 step at 256 needs ~20 GB)
+
+
+def cpu_advice(batch_size: int, workers: int, cpus: int | None = None) -> str | None:
+    """One line for a CPU-only run whose batch or workers are the defaults' size, which is sized for a GPU rank
+    (None when they are already small)."""
+    cpus = cpus or os.cpu_count() or 1
+    lower = max(1, min(workers, cpus - 1))
+    if batch_size <= CPU_BATCH and workers <= lower:
+        return None
+    return (
+        f"training on CPU with --batch-size {batch_size} and --workers {workers} (each holding 4 batches): the "
+        f"defaults are sized for one GPU of an 8-GPU node and take many GB here before the first step; on this "
+        f"CPU try --batch-size {min(batch_size, CPU_BATCH)} --workers {lower}"
+    )
 
 
 def run_parts(cfg: Config, info: DistInfo) -> RunParts:

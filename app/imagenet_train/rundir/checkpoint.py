@@ -200,6 +200,26 @@ def prune_steps(run_dir: str, keep: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def prune_epochs(run_dir: str, written: int, keep: int) -> list[Path]:
+    """With `keep` (--keep-checkpoints) set, remove the whole-epoch checkpoints older than the newest `keep` up to
+    epoch `written`, the one just written; never a newer one (a checkpoint this run did not write). Returns them."""
+    if keep <= 0:
+        return []
+    folder = Path(run_dir) / "checkpoints"
+    older = sorted((epoch, name) for name in _held(run_dir) if (epoch := _whole_epoch(name)) is not None)
+    older = [(epoch, name) for epoch, name in older if epoch < written]
+    gone = [folder / name for _, name in older[: max(0, len(older) - (keep - 1))]]
+    for path in gone:
+        path.unlink(missing_ok=True)
+    return gone
+
+
+def _whole_epoch(name: str) -> int | None:
+    """The epoch of a whole-epoch checkpoint's name (None for a mid-epoch one)."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match and match.group(2) is None else None
+
+
 class Stateful(Protocol):
     """Anything with torch's state-dict pair: a module, an optimizer, a grad scaler, an EMA."""
 
@@ -214,8 +234,9 @@ class RunState:
     """What a checkpoint holds of a run: its parts' state dicts (model, optimizer, scaler, and whatever a hook
     adds, such as an EMA), plain facts about the run (schedule, config), and where in the run it was taken."""
 
-    def __init__(self, run_dir: str | Path, parts: dict[str, Stateful], facts: dict[str, Any]):
+    def __init__(self, run_dir: str | Path, parts: dict[str, Stateful], facts: dict[str, Any], keep: int = 0):
         self.run_dir, self.parts, self.facts = Path(run_dir), dict(parts), facts
+        self.keep = keep  # --keep-checkpoints: whole-epoch checkpoints kept (0: all)
         self.optional: set[str] = set()
 
     def add(self, name: str, part: Stateful) -> None:
@@ -235,6 +256,8 @@ class RunState:
         path = checkpoint_path(str(self.run_dir), position.epoch if position else epoch, step)
         save(state, path)
         prune_steps(str(self.run_dir), keep=path)
+        if step is None:  # only once the new epoch checkpoint is whole under its name
+            prune_epochs(str(self.run_dir), epoch, self.keep)
         return path
 
     def restore(self, path: Path) -> tuple[int, Position | None]:

@@ -29,7 +29,7 @@ from imagenet_train.planning.position import Position, consumed_spans
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.rundir.checkpoint import RunState, Stateful, resume_path, save
 from imagenet_train.rundir.results_mirror import ResultsMirror
-from imagenet_train.rundir.run_record import EpochRecords, Launch, derived
+from imagenet_train.rundir.run_record import EpochRecords, Launch, derived, startup_line
 from imagenet_train.rundir.trackers import open_tracker
 
 FINAL = "final.pt"  # RUN_DIR/final.pt: the final weights as a plain state dict
@@ -49,7 +49,7 @@ class RunDirectory:
         facts: dict[str, Any],
     ):
         self.path = Path(run.run_dir)
-        self.state = RunState(self.path, parts, facts)
+        self.state = RunState(self.path, parts, facts, run.keep_checkpoints)
         self.mirror = ResultsMirror(self.path, run.results, io_timeout, local_rank)
         self.records = EpochRecords(self.path, run.tensorboard, open_tracker(run)) if is_main else None
 
@@ -80,7 +80,9 @@ class RunDirectory:
     ) -> None:
         """Rank 0: config.json with what the run derived from its settings and launch, and the tracker's run."""
         if self.records:
-            self.records.begin(cfg.to_json(), derived(info, schedule, source, amp, epoch, cfg.data))
+            facts = derived(info, schedule, source, amp, epoch, cfg.data)
+            print(startup_line(cfg.data, facts), flush=True)
+            self.records.begin(cfg.to_json(), facts)
 
 
 # A batch index, then keys as `encode_key` writes them (unreserved ASCII and '/', or %XX escapes).
