@@ -184,6 +184,12 @@ class DataConfig:
         "node-local directory to keep copies of remote shards in, so later epochs read local disk; with "
         "--verify-shards each shard is checked there before any of it is used",
     )
+    cache_max_bytes: int = setting(
+        0,
+        "most bytes --cache-dir may hold on a node, shared by its ranks and workers: least recently used copies "
+        "not being read are evicted to make room, a shard that cannot fit is read without caching (0: no limit)",
+        minimum=0,
+    )
     verify_shards: bool = setting(
         True,
         "check every shard against the sha256 and size in the index while reading it (about 3 percent of the "

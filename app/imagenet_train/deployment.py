@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
@@ -53,7 +54,17 @@ JOBSET_NAMED = frozenset({LauncherKind.JOBSET, LauncherKind.TRAINJOB})
 
 # Training settings the deployment sets from its other sections; the chart's `train:` schema leaves them out.
 OWNED = frozenset(
-    {"shards", "train_urls", "val_urls", "train_samples", "run_dir", "results", "cache_dir", "metrics_port"}
+    {
+        "shards",
+        "train_urls",
+        "val_urls",
+        "train_samples",
+        "run_dir",
+        "results",
+        "cache_dir",
+        "cache_max_bytes",
+        "metrics_port",
+    }
 )
 
 RESULTS_MOUNT = "/results"
@@ -153,13 +164,54 @@ def rendezvous_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
     return env
 
 
-def owned_flags(shards: str, run_dir: str, results: str = "", cache_dir: str = "", metrics_port: int = 0) -> list[str]:
-    """The training flags a deployment sets: where shards come from, where results go, the metrics' port."""
+# The cache's share of its volume's sizeLimit. The kubelet evicts the pod once the emptyDir's usage (du: allocated
+# blocks) passes sizeLimit, and the cache counts apparent sizes of its own files: the rest is headroom for block
+# rounding, the lock file, a copy replaced while a reader still holds it (its blocks live until it is closed) and
+# anything else written under /cache.
+CACHE_SHARE = Decimal("0.9")
+_SUFFIXES: dict[str, int | Decimal] = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "m": Decimal("0.001"),
+}
+_SUFFIXES |= {f"{prefix}i": 1024 ** (n + 1) for n, prefix in enumerate("KMGTPE")}
+
+
+def quantity_bytes(quantity: str | int, field: str) -> int:
+    """A Kubernetes quantity (500Gi, 64G, 1e9, 1024) as a whole number of bytes; `field` names it in errors."""
+    match = re.fullmatch(r"\s*([0-9.eE+-]+?)([kKMGTPEm]i?|)\s*", str(quantity))
+    try:
+        if not match or match[2] == "mi":
+            raise InvalidOperation
+        return int(Decimal(match[1]) * _SUFFIXES[match[2]])
+    except (InvalidOperation, KeyError):
+        raise ImagenetTrainError(f"{field}: {quantity!r} is not a Kubernetes quantity (500Gi, 64G)") from None
+
+
+def cache_limit(cache: Mapping[str, Any]) -> int:
+    """`--cache-max-bytes` for the chart's cache section: its share of the volume's sizeLimit (0: no cache)."""
+    if not cache["enabled"]:
+        return 0
+    return max(1, int(quantity_bytes(cache["sizeLimit"], "cache.sizeLimit") * CACHE_SHARE))  # 0 is no limit
+
+
+def owned_flags(
+    shards: str, run_dir: str, results: str = "", cache_dir: str = "", cache_max_bytes: int = 0, metrics_port: int = 0
+) -> list[str]:
+    """The training flags a deployment sets: where shards come from, where results go, the cache's limit and the
+    metrics' port."""
     flags = ["--shards", shards, "--run-dir", run_dir]
     if results:
         flags += ["--results", results]
     if cache_dir:
         flags += ["--cache-dir", cache_dir]
+    if cache_max_bytes:
+        flags += ["--cache-max-bytes", str(cache_max_bytes)]
     if metrics_port:
         flags += ["--metrics-port", str(metrics_port)]
     return flags
@@ -202,6 +254,7 @@ def read_deployment(document: Mapping[str, Any]) -> Deployment:
         f"{RESULTS_MOUNT}/{run}",
         results=f"{bucket}/{run}" if bucket else "",
         cache_dir=CACHE_MOUNT if values["cache"]["enabled"] else "",
+        cache_max_bytes=cache_limit(values["cache"]),
         metrics_port=metrics_port(values),
     )
     # The operator's `train:` values reach `train` as train.yaml, a file; what only a command line may give

@@ -298,7 +298,8 @@ def test_launch_turns_the_rendered_deployment_into_torchrun_and_training_flags(r
     jobset = deployment_of(rendered, "jobset", nodes=4, elastic=True)
     assert jobset.env["MASTER_ADDR"] == f"{RELEASE}-imagenet-train-node-0-0.{RELEASE}-imagenet-train"
     assert jobset.env["PET_NNODES"] == "1:4" and jobset.env["PET_RDZV_ENDPOINT"].endswith(":29500")
-    assert jobset.train_flags[-4:] == ["--results", f"gs://acme-runs/imagenet/{RELEASE}", "--cache-dir", "/cache"]
+    assert jobset.train_flags[-6:-2] == ["--results", f"gs://acme-runs/imagenet/{RELEASE}", "--cache-dir", "/cache"]
+    assert jobset.train_flags[-2:] == ["--cache-max-bytes", str(int(500 * 2**30 * 0.9))]  # 9/10 of cache.sizeLimit
     bucket = deployment_of(rendered, "pytorchjob", "bucket")
     assert bucket.wait_for == "" and bucket.train_flags[1] == "gs://acme-data/imagenet/shards/shards.json"
     assert bucket.env == {"GOOGLE_APPLICATION_CREDENTIALS": "/var/run/secrets/gcp/key.json"}

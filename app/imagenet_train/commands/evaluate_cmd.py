@@ -29,6 +29,7 @@ SETTINGS = (
     "decoder",
     "on_broken_shard",
     "cache_dir",
+    "cache_max_bytes",
     "verify_shards",
     "max_image_pixels",
     "loader_timeout",
