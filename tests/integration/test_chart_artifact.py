@@ -85,8 +85,13 @@ def helm_env(tmp_path, monkeypatch) -> None:
         monkeypatch.setenv(variable, str(tmp_path / "helm-home" / variable.lower()))
 
 
+# A make of its own, as a person runs it: under `make test` the parent's variables would make it print
+# "make[1]: ..." where a person sees "make: ...".
+ALONE = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+
+
 def run(*command: str | Path, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*wrap, *map(str, command)], capture_output=True, text=True, timeout=300)
+    return subprocess.run([*wrap, *map(str, command)], capture_output=True, text=True, timeout=300, env=ALONE)
 
 
 def make_chart_push(helm: str, registry: str, key: SigningKey, out: Path, *flags: str, wrap=()):

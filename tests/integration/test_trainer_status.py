@@ -145,7 +145,8 @@ def test_a_lightning_run_stopped_inside_the_optimizer_step_exits_143_in_one_line
     marker = tmp_path / "inside-the-step"
     args = [*SMALL_TRAIN, "--epochs", "40", "--epoch-batches", "8", "--mode", "resampled"]
     args += ["--shards", str(digit_shards), "--run-dir", str(tmp_path / "run")]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "STOP_MARKER": str(marker)}
+    example = str(REPO / "examples" / "lightning_digits.py")
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "STOP_MARKER": str(marker), "LIGHTNING_EXAMPLE": example}
     environment = {name: value for name, value in environment.items() if name != URL_VAR}
     process = subprocess.Popen(
         [sys.executable, driver, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
