@@ -475,8 +475,10 @@ def update(old: str, r: dict, args) -> str:
             lines += rows[name]
             placed.add(name)
     missing = [row for name in ROW_LABELS if name in rows and name not in placed for row in rows[name]]
-    if missing:
-        at = max(i for i, line in enumerate(lines) if line.startswith("| P")) + 1
+    if missing:  # after the last row of the page's first table (later tables have rows named P6 too)
+        at = lines.index(TABLE_HEAD[1]) + 1
+        while at < len(lines) and lines[at].startswith("| "):
+            at += 1
         lines[at:at] = missing
     text = "\n".join(lines)
     for name, block in blocks.items():

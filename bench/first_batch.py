@@ -167,7 +167,10 @@ def block(f: dict, machine: str) -> list[str]:
         f"bench's shards; before = the package at {BEFORE}, after = this tree; before/after and both scenarios "
         f"interleaved, {f['rounds']} rounds, medians). 1-minute load average {f['load'][0]:.1f} at the start, "
         f"{f['load'][1]:.1f} at the end. Phases are of the worker whose batch came first, from timestamps (process "
-        "starts from /proc); in the second scenario the forkserver's phase runs while the model is built.",
+        "starts from /proc); in the second scenario the forkserver's phase runs while the model is built. Every "
+        "phase stretches with the load average (issue 50 measured 2.3-2.5 s before on a quieter machine), so compare "
+        "before and after within one run; the goal of 0.5 s is met only where the forkserver's imports finish "
+        "while the model is built and the shuffle buffer and first decode take well under half a second.",
         "",
         "| phase, seconds (median) | "
         + " | ".join(f"{s} {w}" for s in f["scenarios"] for w in ("before", "after"))
