@@ -39,6 +39,10 @@ def matrix_values(launcher: str, server: str, nodes: int, elastic: bool) -> dict
         values["launcher"]["placement"] = {level: "cloud.google.com/gce-topology-block"}
         if launcher == "jobset":
             values["launcher"]["placement"]["exclusiveTopology"] = "cloud.google.com/gke-nodepool"
+    if nodes == 2:  # metrics on: 8 ranks per node (one per GPU) and their PodMonitor, dashboard and policy rule
+        values["metrics"] = {"enabled": True}
+    if nodes == 1 and server == "bucket":  # 2 CPU ranks, another first port, no dashboard
+        values["metrics"] = {"enabled": True, "port": 9600, "dashboard": {"enabled": False}}
     if server == "nginx" and nodes == 4:
         values["shards"]["nginx"] = {"fill": {"enabled": True, "from": "gs://acme-data/imagenet/shards"}}
         values["results"] = {"bucket": "gs://acme-runs/imagenet"}

@@ -24,7 +24,8 @@ of a 2-rank torchrun, a run directory on a small tmpfs, a slow and lossy veth li
 
 Every run trains the digits demo shards with resnet18 at 32 px, batch 16 per rank, 2 ranks x 2 DataLoader
 workers, one epoch, a checkpoint every 4 steps (the mid-epoch moment each fault is injected at) and
-`--log-keys`, with the default `--io-timeout` and `--loader-timeout`: 4 train shards of 130 samples (520)
+`--log-keys`, with the default `--io-timeout` and `--loader-timeout` (the hung rank's run shortens them, and
+`--collective-timeout`, to 20, 45 and 45 s): 4 train shards of 130 samples (520)
 and 1 val shard, or for the shard-server outages 24 train shards of 20 samples (480), one worker per rank and a
 10-sample shuffle buffer, so that shards are opened all through the epoch and the outage meets some.
 

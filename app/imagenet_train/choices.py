@@ -151,6 +151,7 @@ class AutoAugment(str, Enum):
     TA_WIDE = "ta_wide"  # TrivialAugmentWide
     RA = "ra"  # RandAugment
     IMAGENET = "imagenet"  # AutoAugment, ImageNet policy
+    AUGMIX = "augmix"  # AugMix (torchvision's reference word; not on DALI)
 
     def __str__(self) -> str:
         return self.value

@@ -10,6 +10,7 @@ from imagenet_train import waiting
 from imagenet_train.commands import (
     Parser,
     add_command,
+    add_version,
     bucket_cmd,
     evaluate_cmd,
     launch_cmd,
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
         description="ImageNet to WebDataset shards to multinode DDP training.",
     )
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for command in COMMANDS:
         add_command(commands, command, formatter)
@@ -63,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     die_with_launcher()  # first: a rank whose torchrun agent is killed from here on must not live on
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     redact_logs(LOG_FORMAT)  # a log line naming a URL never shows its password or signature
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:  # as git: the command list, and a usage error's exit code
+        build_parser().print_help()
+        return 2
     try:
         args = build_parser().parse_args(argv)
         check = getattr(args, "check", None)
@@ -80,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         waiting.leave_now(stop.exit_code)
         return stop.exit_code
     except (PeerLost, PreflightFailed) as ending:  # a preflight's failures: one line each, on rank 0 only
-        for line in str(ending).splitlines():
-            print(f"imagenet-train: error: {line}", file=sys.stderr, flush=True)
+        print("".join(f"imagenet-train: error: {line}\n" for line in str(ending).splitlines()), end="", file=sys.stderr)
         return ending.exit_code
     except OSError as error:
         if error.filename is None:

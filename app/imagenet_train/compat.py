@@ -6,12 +6,14 @@ The registry's torchvision wheel is a CUDA build. Next to a CPU-only torch its `
 when the extension cannot load, so models and transforms.v2 work. Detection ops (nms, roi_align) and
 `torchvision.io` stay unavailable there; where the extension loads (GPU images, healthy installs),
 this does nothing.
+
+`import imagenet_train` installs `TorchvisionFirst`, so a notebook or script that imports the package and then
+torchvision gets the shim too, without the package import itself paying for torch.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import sys
 
 _SCHEMAS = {
     "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -22,6 +24,9 @@ _state: dict[str, object] = {}
 
 def torchvision_extension_loads() -> bool:
     """Whether torchvision's compiled `_C` extension loads next to this torch."""
+    import importlib.util
+    from pathlib import Path
+
     import torch
 
     spec = importlib.util.find_spec("torchvision")
@@ -39,6 +44,7 @@ def torchvision_extension_loads() -> bool:
 
 def ensure_torchvision() -> bool:
     """Prepare torch so `import torchvision` succeeds; returns True when the shim was needed."""
+    remove_hook()  # done here once and for all; the hook would run this again inside torchvision_extension_loads
     if "shimmed" in _state:
         return bool(_state["shimmed"])
     import torch
@@ -53,6 +59,28 @@ def ensure_torchvision() -> bool:
         shimmed = True
     _state["shimmed"] = shimmed
     return shimmed
+
+
+class TorchvisionFirst:
+    """A `sys.meta_path` finder that runs `ensure_torchvision` the first time anything imports torchvision, then
+    steps aside (duck-typed: subclassing importlib.abc's would add 20 ms to the package import)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        """Prepare torch for torchvision; the regular finders then find it (this finds nothing itself)."""
+        if name == "torchvision":
+            ensure_torchvision()  # which takes this hook out first: it looks torchvision up itself
+        return None
+
+
+def install_hook() -> None:
+    """Have the first `import torchvision` from now on prepare torch first (torch itself is not imported here)."""
+    if "torchvision" not in sys.modules and not any(isinstance(f, TorchvisionFirst) for f in sys.meta_path):
+        sys.meta_path.insert(0, TorchvisionFirst())
+
+
+def remove_hook() -> None:
+    """Take the hook out of the import system (once the shim is in place, or known not to be needed)."""
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, TorchvisionFirst)]
 
 
 def _op_exists(name: str) -> bool:

@@ -52,6 +52,14 @@ MAX_IMAGE_PIXELS = 1 << 26
 # Seconds of outage (of the shard server or a bucket) to wait out before failing: long enough for a server pod
 # to be rescheduled. The default of --io-timeout and of every function that waits.
 IO_TIMEOUT = 900.0
+# The outage a one-shot command (plan, summarize, evaluate, upload, sync) waits out by default: a person or a
+# script is waiting on it, and a server that is gone should cost seconds, not training's 15 minutes. 30 s rides
+# out a server's restart (nginx or its container: seconds) with ~5 backed-off attempts (0.5 s doubling); a
+# rescheduled pod takes longer, and `--io-timeout 900` waits for one as training does.
+ONE_SHOT_IO_TIMEOUT = 30.0
+# --collective-timeout's default: the longest the default --loader-timeout lets a rank wait for a batch (an outage
+# of IO_TIMEOUT and the read after it), while the others wait in the step's collective (docs/faults.md).
+COLLECTIVE_TIMEOUT = 1200.0
 
 
 @dataclass
@@ -124,9 +132,9 @@ class DataConfig:
     )
     auto_augment: AutoAugment = setting(
         AutoAugment.NONE,
-        "augmentation policy after the crop and flip (torchvision.transforms.v2; DALI's auto_aug with "
-        "--decoder dali): ta_wide (TrivialAugmentWide), ra (RandAugment), imagenet (AutoAugment's ImageNet "
-        "policy), none",
+        "augmentation policy after the crop and flip, one entry each in loading/policies.py's POLICIES: "
+        "torchvision.transforms.v2's class, and DALI's auto_aug with --decoder dali (a policy DALI lacks is refused "
+        "there); docs/training.md names each",
         choices=AutoAugment,
     )
     random_erase: float = setting(
@@ -175,6 +183,12 @@ class DataConfig:
         "",
         "node-local directory to keep copies of remote shards in, so later epochs read local disk; with "
         "--verify-shards each shard is checked there before any of it is used",
+    )
+    cache_max_bytes: int = setting(
+        0,
+        "most bytes --cache-dir may hold on a node, shared by its ranks and workers: least recently used copies "
+        "not being read are evicted to make room, a shard that cannot fit is read without caching (0: no limit)",
+        minimum=0,
     )
     verify_shards: bool = setting(
         True,
@@ -424,6 +438,13 @@ class RunConfig:
     run_dir: str = setting("runs/latest", "directory for config.json, metrics.jsonl and checkpoints")
     results: str = setting("", "gs://BUCKET/PREFIX to mirror the run directory to as training goes (and resume from)")
     resume: str = setting("", "'latest' (newest checkpoint in --run-dir) or a checkpoint path")
+    collective_timeout: float = setting(
+        COLLECTIVE_TIMEOUT,
+        "seconds a collective waits before the others leave naming the rank and host that stopped answering (exit "
+        "138); at least --loader-timeout (1200 s by default): a rank riding out an outage holds the others in one",
+        minimum=10,
+        maximum=7 * 24 * 3600,
+    )
     eval_every: int = setting(1, "evaluate every N epochs (and after the last)", minimum=1)
     val_tta: bool = setting(
         False,
@@ -431,6 +452,14 @@ class RunConfig:
     )
     checkpoint_every: int = setting(
         0, "also checkpoint every N batches inside an epoch, for mid-epoch resume (0: epoch ends only)", minimum=0
+    )
+    keep_checkpoints: int = setting(
+        0,
+        "keep only the newest N whole-epoch checkpoints in RUN_DIR/checkpoints: after each new one is written, "
+        "older epochs' are removed, never one newer than it (0: keep every epoch's, as torchvision; the --results "
+        "bucket keeps every one either way)",
+        minimum=0,
+        maximum=1_000_000,
     )
     log_keys: bool = setting(False, "debug: record every sample key read, per rank and epoch, under RUN_DIR/keys")
     metrics_port: int = setting(

@@ -36,6 +36,7 @@ def check_combinations(cfg: Config) -> None:
             raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")
     _check_optimizer(cfg)
     _check_resolution(data)
+    _check_policy(data)
     if data.ra_reps > 1 and data.mode == Mode.RESAMPLED:
         raise ImagenetTrainError(
             f"--ra-reps {data.ra_reps}: needs --mode split or queue (resampled mode draws shards at random already)"
@@ -47,7 +48,23 @@ def check_combinations(cfg: Config) -> None:
             f"--loader-timeout: {data.loader_timeout:g} s would give up before --io-timeout {data.io_timeout:g} s "
             "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
         )
+    _check_collective_timeout(cfg)
     check_installed(cfg.run.tracker)
+
+
+def _check_collective_timeout(cfg: Config) -> None:
+    """--collective-timeout outlasts a rank's longest legitimate wait for a batch, during which the others wait in
+    the step's collective: a survivable outage must not end the run as a hang."""
+    data, limit = cfg.data, cfg.run.collective_timeout
+    longest, name = (
+        (data.loader_timeout, "--loader-timeout") if data.loader_timeout else (data.io_timeout, "--io-timeout")
+    )
+    if limit < longest:
+        raise ImagenetTrainError(
+            f"--collective-timeout: {limit:g} s would end the run while a rank rides out an outage ({name} "
+            f"{longest:g} s) and the others wait for it in a collective; expected at least {longest:g}, or a lower "
+            f"{name}"
+        )
 
 
 def _check_optimizer(cfg: Config) -> None:
@@ -115,3 +132,13 @@ def _check_resolution(data: DataConfig) -> None:
             "--random-erase: not available with --decoder dali (DALI has no RandomErasing); "
             "use another --decoder or --random-erase 0"
         )
+
+
+def _check_policy(data: DataConfig) -> None:
+    """The --auto-augment word has its entry in the one table both paths read, and a DALI builder there under
+    --decoder dali; else one line."""
+    from imagenet_train.loading.policies import dali_builder, policy_entry
+
+    policy_entry(data.auto_augment)
+    if data.decoder == Decoder.DALI:
+        dali_builder(data.auto_augment)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from imagenet_train.config import SECTIONS
-from imagenet_train.declarations import Setting, Trust, canonical_names, declared, flag, problem
+from imagenet_train.declarations import Setting, Trust, canonical_names, declared, did_you_mean, flag, problem
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.redact import MARK, is_redacted, redact
 from imagenet_train.yaml_input import read_mapping
@@ -30,7 +30,7 @@ def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
         if name not in kinds:
             raise ImagenetTrainError(
                 f"{source}: unknown setting '{clip(name)}'; expected a `train` option name with underscores, "
-                "e.g. batch_size for --batch-size"
+                "e.g. batch_size for --batch-size" + did_you_mean(str(name), [*kinds, *renamed])
             )
         kind, rule = kinds[name]
         wanted = problem(kind, rule, value)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -68,6 +69,14 @@ def declared(instance_or_class: object) -> list[tuple[dataclasses.Field, Setting
 def flag(name: str) -> str:
     """The command-line flag of a setting: batch_size -> --batch-size."""
     return "--" + name.replace("_", "-")
+
+
+def did_you_mean(given: str, known: Iterable[str], quoted: bool = False) -> str:
+    """'; did you mean --batch-size?' for the known name closest to a misspelled one ('' when none is close)."""
+    close = difflib.get_close_matches(given, list(known), n=1, cutoff=0.6)
+    if not close:
+        return ""
+    return f"; did you mean '{close[0]}'?" if quoted else f"; did you mean {close[0]}?"
 
 
 def canonical_names(sections: tuple[type, ...]) -> dict[str, str]:

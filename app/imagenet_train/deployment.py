@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
@@ -52,7 +53,19 @@ STATIC_RENDEZVOUS = frozenset({LauncherKind.INDEXEDJOB, LauncherKind.JOBSET})
 JOBSET_NAMED = frozenset({LauncherKind.JOBSET, LauncherKind.TRAINJOB})
 
 # Training settings the deployment sets from its other sections; the chart's `train:` schema leaves them out.
-OWNED = frozenset({"shards", "train_urls", "val_urls", "train_samples", "run_dir", "results", "cache_dir"})
+OWNED = frozenset(
+    {
+        "shards",
+        "train_urls",
+        "val_urls",
+        "train_samples",
+        "run_dir",
+        "results",
+        "cache_dir",
+        "cache_max_bytes",
+        "metrics_port",
+    }
+)
 
 RESULTS_MOUNT = "/results"
 CACHE_MOUNT = "/cache"
@@ -67,6 +80,10 @@ WRITABLE_ENV = {
     "XDG_CACHE_HOME": f"{SCRATCH_MOUNT}/.cache",
     "IMAGENET_TRAIN_UPLOAD_SESSIONS": f"{RESULTS_MOUNT}/.upload-sessions",
 }
+# The kubelet makes a volume group-writable for the pod's fsGroup each time it mounts it (a restarted pod's claim):
+# folders of ours that only the pod's own group may also write to are accepted (io/owned.py). The pod's own
+# variables win.
+POD_DEFAULTS = {"IMAGENET_TRAIN_TRUST_GROUP": "1"}
 
 
 @dataclass(frozen=True)
@@ -147,14 +164,63 @@ def rendezvous_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
     return env
 
 
-def owned_flags(shards: str, run_dir: str, results: str = "", cache_dir: str = "") -> list[str]:
-    """The training flags a deployment sets: where shards come from and where results go."""
+# The cache's share of its volume's sizeLimit. The kubelet evicts the pod once the emptyDir's usage (du: allocated
+# blocks) passes sizeLimit, and the cache counts apparent sizes of its own files: the rest is headroom for block
+# rounding, the lock file, a copy replaced while a reader still holds it (its blocks live until it is closed) and
+# anything else written under /cache.
+CACHE_SHARE = Decimal("0.9")
+_SUFFIXES: dict[str, int | Decimal] = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "m": Decimal("0.001"),
+}
+_SUFFIXES |= {f"{prefix}i": 1024 ** (n + 1) for n, prefix in enumerate("KMGTPE")}
+
+
+def quantity_bytes(quantity: str | int, field: str) -> int:
+    """A Kubernetes quantity (500Gi, 64G, 1e9, 1024) as a whole number of bytes; `field` names it in errors."""
+    match = re.fullmatch(r"\s*([0-9.eE+-]+?)([kKMGTPEm]i?|)\s*", str(quantity))
+    try:
+        if not match or match[2] == "mi":
+            raise InvalidOperation
+        return int(Decimal(match[1]) * _SUFFIXES[match[2]])
+    except (InvalidOperation, KeyError):
+        raise ImagenetTrainError(f"{field}: {quantity!r} is not a Kubernetes quantity (500Gi, 64G)") from None
+
+
+def cache_limit(cache: Mapping[str, Any]) -> int:
+    """`--cache-max-bytes` for the chart's cache section: its share of the volume's sizeLimit (0: no cache)."""
+    if not cache["enabled"]:
+        return 0
+    return max(1, int(quantity_bytes(cache["sizeLimit"], "cache.sizeLimit") * CACHE_SHARE))  # 0 is no limit
+
+
+def owned_flags(
+    shards: str, run_dir: str, results: str = "", cache_dir: str = "", cache_max_bytes: int = 0, metrics_port: int = 0
+) -> list[str]:
+    """The training flags a deployment sets: where shards come from, where results go, the cache's limit and the
+    metrics' port."""
     flags = ["--shards", shards, "--run-dir", run_dir]
     if results:
         flags += ["--results", results]
     if cache_dir:
         flags += ["--cache-dir", cache_dir]
+    if cache_max_bytes:
+        flags += ["--cache-max-bytes", str(cache_max_bytes)]
+    if metrics_port:
+        flags += ["--metrics-port", str(metrics_port)]
     return flags
+
+
+def metrics_port(values: Mapping[str, Any]) -> int:
+    """The port local rank 0 serves metrics on (metrics.port; 0 with metrics off or no metrics section)."""
+    metrics = values.get("metrics") or {}
+    return int(metrics["port"]) if metrics.get("enabled") else 0
 
 
 def settings_flags(settings: Mapping[str, Any]) -> list[str]:
@@ -171,7 +237,7 @@ def settings_flags(settings: Mapping[str, Any]) -> list[str]:
 def pod_environment(deployment: Deployment, environ: Mapping[str, str]) -> dict[str, str]:
     """The environment `launch` runs torchrun with: the pod's own variables win, except the writable paths
     (the container runtime always sets HOME, to a directory on the read-only root)."""
-    return {**deployment.env, **environ, **WRITABLE_ENV}
+    return {**deployment.env, **POD_DEFAULTS, **environ, **WRITABLE_ENV}
 
 
 def read_deployment(document: Mapping[str, Any]) -> Deployment:
@@ -188,6 +254,8 @@ def read_deployment(document: Mapping[str, Any]) -> Deployment:
         f"{RESULTS_MOUNT}/{run}",
         results=f"{bucket}/{run}" if bucket else "",
         cache_dir=CACHE_MOUNT if values["cache"]["enabled"] else "",
+        cache_max_bytes=cache_limit(values["cache"]),
+        metrics_port=metrics_port(values),
     )
     # The operator's `train:` values reach `train` as train.yaml, a file; what only a command line may give
     # (--trust-index, a pipe: URL) comes as flags as well, which train.yaml's values then do not override.
@@ -255,6 +323,12 @@ def problems(values: Mapping[str, Any], name: str | None = None) -> list[str]:
             f"launcher.nprocPerNode: {procs} processes cannot each own one of the {gpus} GPUs in "
             "resources.limits (set 0 for one per GPU)"
         )
+    first = metrics_port(values)
+    if first and first <= int(launcher["port"]) < first + nproc(values):
+        errors.append(
+            f"metrics.port: the metrics ports {first}..{first + nproc(values) - 1} take launcher.port "
+            f"{launcher['port']} (torchrun's rendezvous); move one of them"
+        )
     elastic = launcher["elastic"]
     if elastic["enabled"] and not elastic["minNodes"] <= launcher["nodes"] <= elastic["maxNodes"]:
         errors.append(
@@ -265,7 +339,7 @@ def problems(values: Mapping[str, Any], name: str | None = None) -> list[str]:
         settings = settings_from(values.get("train") or {}, "train")
         owned = sorted(OWNED & set(settings))
         if owned:
-            errors.append(f"train.{owned[0]}: set by the chart (shards, results, cache); remove it from train")
+            errors.append(f"train.{owned[0]}: set by the chart (shards, results, cache, metrics); remove it from train")
         config = Config()
         config.data.global_batch_size = settings.get("global_batch_size", 0)
         config.optim.grad_accum_steps = settings.get("grad_accum_steps", 1)

@@ -36,6 +36,11 @@ from .kubelet import Kubelet, Refused, container_port, selects
 # same host can tell what an aborted one left behind (its training pods would go on using the CPUs, its network
 # would keep a subnet). What another host's session made (podman storage shared across containers) is left alone.
 OWNER = "imagenet-train-e2e.owner"
+# Kinds kept as configuration, not run. A NetworkPolicy is not enforced: podman's bridge has no policy engine
+# (test_chart.py checks them); a PodMonitor waits for a Prometheus that does not run here (ranks still serve /metrics).
+STORED_KINDS = frozenset(
+    {"ConfigMap", "ServiceAccount", "PersistentVolumeClaim", "Service", "NetworkPolicy", "PodMonitor"}
+)
 
 
 def owner() -> str:
@@ -119,8 +124,7 @@ class Cluster:
         workloads = []
         for document in documents:
             kind, name = document["kind"], document["metadata"]["name"]
-            # A NetworkPolicy is kept, not enforced: podman's bridge has no policy engine (test_chart.py checks them).
-            if kind in ("ConfigMap", "ServiceAccount", "PersistentVolumeClaim", "Service", "NetworkPolicy"):
+            if kind in STORED_KINDS:
                 self.objects[(kind, name)] = document
                 if kind == "Service":
                     self._service(document)

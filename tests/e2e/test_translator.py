@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from . import cluster as harness
 from . import kubelet
 from .cluster import rendered
 from .controllers import (
@@ -66,11 +67,12 @@ class Cluster:
         return f"token-for-{audience}"
 
 
-def pods(kind: str, tmp_path: Path) -> tuple[Cluster, list[PodRequest]]:
-    """Every pod the release renders for `kind`, as its controller would create it (affinity left out: the fill
-    pod's needs a running shard server)."""
+def pods(kind: str, tmp_path: Path, **extra: dict) -> tuple[Cluster, list[PodRequest]]:
+    """Every pod the release renders for `kind` (with `extra` top-level values), as its controller would create it
+    (affinity left out: the fill pod's needs a running shard server)."""
     path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values(kind, "nginx", "r", "http://10.0.0.1:1", epochs=1, elastic=False)))
+    release = values(kind, "nginx", "r", "http://10.0.0.1:1", epochs=1, elastic=False)
+    path.write_text(yaml.safe_dump({**release, **extra}))
     objects = rendered([str(path)], "t")
     cluster = Cluster(tmp_path, objects)
     requests = []
@@ -155,3 +157,20 @@ def test_the_trainers_status_variables_and_volume_sit_beside_the_charts_own(tmp_
     assert f"{mounted}:/var/run/secrets/kubeflow/trainer:ro" in line
     assert (mounted / "token").read_text() == f"token-for-{status_audience('default', name)}"
     assert (mounted / "ca.crt").read_text() == gate.ca_pem
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "jobset"])
+def test_a_release_with_metrics_on_stores_its_podmonitor_and_its_pods_with_metrics_ports_translate(kind, tmp_path):
+    cluster, requests = pods(kind, tmp_path, metrics={"enabled": True})
+    assert ("PodMonitor", "t-imagenet-train") in cluster.objects
+    store = type("Store", (), {"objects": {}, "_service": lambda self, document: None})()
+    workloads = harness.Cluster.apply(store, list(cluster.objects.values()))
+    assert {"PodMonitor", "NetworkPolicy", "ConfigMap"} <= {kind for kind, _ in store.objects}
+    assert "PodMonitor" not in {w["kind"] for w in workloads}
+    training = [r for r in requests if r.spec["containers"][0]["name"] == "pytorch"]
+    assert training and all(
+        {"name": "metrics-0", "containerPort": 9400, "protocol": "TCP"} in r.spec["containers"][0]["ports"]
+        for r in training
+    )
+    for request in requests:
+        Kubelet(cluster).translate(request, "10.0.0.9", tmp_path / "pod")

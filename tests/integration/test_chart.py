@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_matrix import LAUNCHERS, MATRIX, RELEASE, SERVERS, entry_id, matrix_values, parse, render_py
-from k8s_rules import admission, aistore, training_operator
+from k8s_rules import admission, aistore, prometheus_operator, training_operator
 
 from chartkit.objects import render
 from imagenet_train.deployment import read_deployment
@@ -37,6 +37,9 @@ API_VERSIONS = [
     "ais.nvidia.com/v1beta1/AIStore",
 ]
 DEPLOYMENT_FILE = "/etc/imagenet-train/deployment.yaml"
+# Custom resources whose CRD is not vendored under tests/crds: checked against the documented API instead
+# (k8s_rules/prometheus_operator.py), not against the CRD.
+NOT_VENDORED = {("monitoring.coreos.com/v1", "PodMonitor")}
 
 
 def tool(name: str) -> str:
@@ -124,6 +127,10 @@ def test_matrix_renders_the_expected_objects(rendered):
             assert {"ConfigMap", "Deployment", "PersistentVolumeClaim"} <= set(kinds)
         assert ("AIStore" in kinds) == (server == "aistore" and nodes > 1)
         assert "Pod" in kinds  # the helm test hook
+        metrics = matrix_values(launcher, server, nodes, _elastic).get("metrics", {})
+        assert ("PodMonitor" in kinds) == bool(metrics.get("enabled"))
+        dashboard = metrics.get("enabled") and metrics.get("dashboard", {}).get("enabled", True)
+        assert (("ConfigMap", f"{RELEASE}-imagenet-train-dashboard") in outputs["render.py"]) == bool(dashboard)
 
 
 def unique_objects(rendered: dict) -> list[dict]:
@@ -138,7 +145,8 @@ def unique_objects(rendered: dict) -> list[dict]:
 
 
 def test_core_objects_pass_kubernetes_validate_strict_for_1_30_to_1_35(rendered):
-    core = [o for o in unique_objects(rendered) if (o["apiVersion"], o["kind"]) not in k8s_checks.CRD_FILES]
+    custom = set(k8s_checks.CRD_FILES) | NOT_VENDORED
+    core = [o for o in unique_objects(rendered) if (o["apiVersion"], o["kind"]) not in custom]
     failures = []
     for obj, version in itertools.product(core, VALIDATE_VERSIONS):
         try:
@@ -285,11 +293,13 @@ def test_launch_turns_the_rendered_deployment_into_torchrun_and_training_flags(r
         f"http://{RELEASE}-imagenet-train-shards/shards.json",
         1800,
     )
-    assert job.train_flags == ["--shards", job.wait_for, "--run-dir", f"/results/{RELEASE}"]
+    metrics = ["--metrics-port", "9400"]  # the matrix's 2-node entries turn metrics on
+    assert job.train_flags == ["--shards", job.wait_for, "--run-dir", f"/results/{RELEASE}", *metrics]
     jobset = deployment_of(rendered, "jobset", nodes=4, elastic=True)
     assert jobset.env["MASTER_ADDR"] == f"{RELEASE}-imagenet-train-node-0-0.{RELEASE}-imagenet-train"
     assert jobset.env["PET_NNODES"] == "1:4" and jobset.env["PET_RDZV_ENDPOINT"].endswith(":29500")
-    assert jobset.train_flags[-4:] == ["--results", f"gs://acme-runs/imagenet/{RELEASE}", "--cache-dir", "/cache"]
+    assert jobset.train_flags[-6:-2] == ["--results", f"gs://acme-runs/imagenet/{RELEASE}", "--cache-dir", "/cache"]
+    assert jobset.train_flags[-2:] == ["--cache-max-bytes", str(int(500 * 2**30 * 0.9))]  # 9/10 of cache.sizeLimit
     bucket = deployment_of(rendered, "pytorchjob", "bucket")
     assert bucket.wait_for == "" and bucket.train_flags[1] == "gs://acme-data/imagenet/shards/shards.json"
     assert bucket.env == {"GOOGLE_APPLICATION_CREDENTIALS": "/var/run/secrets/gcp/key.json"}
@@ -307,6 +317,7 @@ def test_the_train_values_are_the_training_config_file(rendered):
         "lr": 0.4,
         "hflip": False,
         "resume": "latest",
+        "preflight": True,
     }
     pods = [p for o in objects.values() for p in k8s_checks.pod_templates(o) if o["kind"] == "PyTorchJob"]
     limits = pods[0]["spec"]["containers"][0]["resources"]["limits"]
@@ -382,6 +393,10 @@ NEGATIVE = [
         "launcher.placement.exclusiveTopology",
     ),
     ({"launcher": {"placement": {"requiredTopology": "not a label key"}}}, "launcher.placement.requiredTopology"),
+    ({"train": {"metrics_port": 9400}}, "train.metrics_port"),  # the chart's metrics.port sets it
+    ({"metrics": {"port": 80}}, "metrics.port"),
+    ({"metrics": {"podMonitor": {"interval": "30 seconds"}}}, "metrics.podMonitor.interval"),
+    ({"metrics": {"dashboard": {"labels": {"grafana_dashboard": 1}}}}, "metrics.dashboard.labels.grafana_dashboard"),
 ]
 
 
@@ -419,6 +434,10 @@ RULES = [
     (
         {"launcher": {"kind": "pytorchjob"}, "fullnameOverride": "1st-run"},
         "the workload name '1st-run' is refused by the API server: a DNS-1035 label must consist",
+    ),
+    (
+        {"metrics": {"enabled": True, "port": 29496}},
+        "metrics.port: the metrics ports 29496..29503 take launcher.port 29500 (torchrun's rendezvous)",
     ),
 ]
 
@@ -541,7 +560,7 @@ def test_render_py_merges_values_files_like_helm(tmp_path):
     assert master["tolerations"] == [{"key": "gpu", "operator": "Exists"}] and "nodeSelector" not in master
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     config = config_files(objects)
-    assert config["train.yaml"] == {"lr": 0.4, "epochs": 5, "resume": "latest"}
+    assert config["train.yaml"] == {"lr": 0.4, "epochs": 5, "resume": "latest", "preflight": True}
     assert read_deployment(config["deployment.yaml"]).train_flags[3] == "/results/exp-1"
 
 
@@ -585,7 +604,11 @@ def test_network_policies_let_only_the_jobs_own_pods_reach_its_store_and_shard_s
             training, others = _pods(objects)
             assert training and all(_selects(trainer["spec"]["podSelector"]["matchLabels"], t) for t in training)
             assert not any(_selects(trainer["spec"]["podSelector"]["matchLabels"], t) for t in others), where
-            # Every port (the c10d store on launcher.port, NCCL's and Gloo's own), from this job's trainers only.
+            # Every port (the c10d store on launcher.port, NCCL's and Gloo's own), from this job's trainers only;
+            # with metrics on, a second rule admits the scraper to the metrics ports (checked below).
+            scraper = trainer["spec"]["ingress"][1:]
+            assert len(scraper) == int(bool(_metrics(entry))), where
+            trainer = {**trainer, "spec": {**trainer["spec"], "ingress": trainer["spec"]["ingress"][:1]}}
             rule, peer = _only_peer(trainer)
             assert "ports" not in rule and all(_selects(peer, t) for t in training), where
             assert not any(_selects(peer, t) for t in others + [_another_release(t) for t in training]), where
@@ -929,3 +952,148 @@ def test_without_placement_values_no_kueue_annotation_is_rendered(rendered):
             continue
         text = json.dumps([list(objects.values()) for objects in engines.values()])
         assert "kueue.x-k8s.io/podset" not in text and "exclusive-topology" not in text, entry
+
+
+# -- metrics: the training command's --metrics-port, the ports, the PodMonitor, the dashboard, the policy --------------
+
+
+def _metrics(entry: tuple) -> dict:
+    """The matrix entry's metrics values with the chart's defaults ({} when metrics are off)."""
+    chart = yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]
+    given = matrix_values(*entry).get("metrics") or {}
+    if not given.get("enabled"):
+        return {}
+    return {**chart, **given, "dashboard": {**chart["dashboard"], **given.get("dashboard", {})}}
+
+
+def _nproc(objects: dict) -> int:
+    return read_deployment(config_files(objects)["deployment.yaml"]).nproc
+
+
+def test_some_matrix_entries_turn_metrics_on_for_every_launcher():
+    on = [entry for entry in MATRIX if _metrics(entry)]
+    assert {entry[0] for entry in on} == set(LAUNCHERS) and len(on) < len(MATRIX)
+
+
+def test_with_metrics_on_each_local_rank_serves_a_named_port_that_the_podmonitor_scrapes(rendered):
+    checked = 0
+    for entry, outputs in rendered.items():
+        metrics = _metrics(entry)
+        for source, objects in outputs.items():
+            where = f"{entry_id(entry)} {source}"
+            monitors = [o for (kind, _), o in objects.items() if kind == "PodMonitor"]
+            flags = read_deployment(config_files(objects)["deployment.yaml"]).train_flags
+            training, others = _pods(objects)
+            if not metrics:
+                assert not monitors and "--metrics-port" not in flags, where
+                assert not any(p["name"].startswith("metrics-") for t in training for p in _ports(t)), where
+                continue
+            first, ranks = metrics["port"], _nproc(objects)
+            assert flags[flags.index("--metrics-port") + 1] == str(first), where
+            (monitor,) = monitors
+            assert not prometheus_operator.podmonitor_problems(monitor), where
+            assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack", where
+            selector = monitor["spec"]["selector"]["matchLabels"]
+            assert all(_selects(selector, t) for t in training), where
+            assert not any(_selects(selector, t) for t in others + [_another_release(t) for t in training]), where
+            assert "namespaceSelector" not in monitor["spec"], where  # the PodMonitor's own namespace
+            names = [f"metrics-{i}" for i in range(ranks)]
+            assert monitor["spec"]["podMetricsEndpoints"] == [
+                {"port": name, "path": "/metrics", "interval": "30s"} for name in names
+            ], where
+            if entry[0] != "trainjob":  # a TrainJob's runtime owns the container's ports (docs/metrics.md)
+                for template in training:
+                    declared = {p["name"]: p["containerPort"] for p in _ports(template)}
+                    assert {n: declared.get(n) for n in names} == {n: first + i for i, n in enumerate(names)}, where
+            checked += 1
+    assert checked >= 20
+
+
+def _ports(template: dict) -> list[dict]:
+    return [p for c in template["spec"].get("containers", []) for p in c.get("ports", [])]
+
+
+def test_the_podmonitor_shape_check_catches_a_misspelt_field_and_a_bad_interval(rendered):
+    monitor = next(o for o in unique_objects(rendered) if o["kind"] == "PodMonitor")
+    assert not prometheus_operator.podmonitor_problems(monitor)
+    bad = json.loads(json.dumps(monitor))
+    bad["spec"]["podMetricsEndpoints"][0]["intervall"] = "30s"
+    bad["spec"]["podMetricsEndpoints"][1]["interval"] = "30 seconds"
+    problems = prometheus_operator.podmonitor_problems(bad)
+    assert any("intervall" in p for p in problems) and any("30 seconds" in p for p in problems), problems
+
+
+def test_the_dashboard_config_map_holds_files_dashboard_json_unchanged_for_grafanas_sidecar(rendered):
+    dashboard = (CHART / "files" / "dashboard.json").read_text()
+    seen = 0
+    for entry, outputs in rendered.items():
+        for source, objects in outputs.items():
+            config = objects.get(("ConfigMap", f"{RELEASE}-imagenet-train-dashboard"))
+            if config is None:
+                continue
+            assert config["metadata"]["labels"]["grafana_dashboard"] == "1", f"{entry_id(entry)} {source}"
+            assert config["data"] == {"imagenet-train.json": dashboard}, f"{entry_id(entry)} {source}"
+            json.loads(config["data"]["imagenet-train.json"])
+            seen += 1
+    assert seen >= 20
+
+
+def test_with_metrics_on_the_network_policy_admits_only_prometheus_and_only_on_the_metrics_ports(rendered):
+    for entry, outputs in rendered.items():
+        metrics = _metrics(entry)
+        if not metrics:
+            continue
+        for source, objects in outputs.items():
+            where = f"{entry_id(entry)} {source}"
+            policy = objects[("NetworkPolicy", f"{RELEASE}-imagenet-train-trainer")]
+            scraper = policy["spec"]["ingress"][1]
+            assert scraper["from"] == [
+                {
+                    "namespaceSelector": {"matchLabels": {}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ], where
+            first, last = metrics["port"], metrics["port"] + _nproc(objects) - 1
+            assert scraper["ports"] == [{"port": first, "endPort": last, "protocol": "TCP"}], where
+            assert not first <= 29500 <= last, where  # launcher.port (the c10d store) stays shut to the scraper
+
+
+def test_metrics_are_off_by_default_and_a_values_file_turns_them_on_in_helm_4_helm_3_and_render_py(tmp_path):
+    on = tmp_path / "on.yaml"
+    on.write_text(
+        yaml.safe_dump(
+            {
+                "metrics": {
+                    "enabled": True,
+                    "port": 9100,
+                    "podMonitor": {"labels": {"release": "prom"}, "interval": "15s"},
+                    "scraper": {"namespaceSelector": {"kubernetes.io/metadata.name": "monitoring"}},
+                },
+                "launcher": {"nprocPerNode": 2},
+                "resources": {"limits": {"nvidia.com/gpu": None}},
+            }
+        )
+    )
+    off = tmp_path / "off.yaml"
+    off.write_text("{}\n")
+    for path in (off, on):
+        renders = {"render.py": parse(render([str(path)], release=RELEASE))}
+        for helm in ("helm", "helm3"):
+            result = helm_template(tool(helm), path, KUBE_VERSIONS[1])
+            assert result.returncode == 0, result.stderr
+            renders[helm] = parse(result.stdout)
+        for source, objects in renders.items():
+            kinds = {kind for kind, _ in objects}
+            flags = read_deployment(config_files(objects)["deployment.yaml"]).train_flags
+            if path == off:
+                assert "PodMonitor" not in kinds and "--metrics-port" not in flags, source
+                continue
+            monitor = objects[("PodMonitor", f"{RELEASE}-imagenet-train")]
+            assert monitor["metadata"]["labels"]["release"] == "prom", source
+            assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics-0", "metrics-1"], source
+            assert {e["interval"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"15s"}, source
+            assert flags[flags.index("--metrics-port") + 1] == "9100", source
+            policy = objects[("NetworkPolicy", f"{RELEASE}-imagenet-train-trainer")]
+            peer = policy["spec"]["ingress"][1]["from"][0]
+            assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}, source
+            assert policy["spec"]["ingress"][1]["ports"] == [{"port": 9100, "endPort": 9101, "protocol": "TCP"}]

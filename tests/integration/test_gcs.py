@@ -125,8 +125,11 @@ def test_a_checkpoint_upload_in_a_chart_pod_writes_only_under_its_volumes(emulat
             capture_output=True,
             text=True,
         )
-        assert before.returncode == 1, before.stderr  # at once: a read-only disk is not an outage to wait out
-        assert before.stderr == f"imagenet-train: error: {home}/.cache: Read-only file system\n"
+        assert before.returncode == 2, before.stderr  # at once: a read-only disk is not an outage to wait out
+        sessions = f"{home}/.cache/imagenet-train/uploads"
+        assert before.stderr == (
+            f"imagenet-train: error: upload sessions folder {sessions}: cannot make or read (Read-only file system)\n"
+        )
         values = tmp_path / "values.yaml"
         values.write_text(yaml.safe_dump({"results": {"bucket": f"gs://{BUCKET}/runs"}}))
         config = next(

@@ -1,11 +1,22 @@
-"""`imagenet-train launch`: each launcher's environment becomes the right torchrun arguments."""
+"""`imagenet-train launch`: each launcher's environment becomes the right torchrun arguments; the documented main
+job (`launch` with torchrun's rendezvous) exits 143 when stopped by SIGTERM, where plain torchrun exits 1."""
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.launch import command, resolve
+from imagenet_train.ops.serve import free_port
 
-from conftest import cli
+from conftest import CHECKPOINTING_TRAIN, LONG_EPOCH, REPO, cli
 
 
 @pytest.mark.unit
@@ -140,3 +151,87 @@ def test_launch_dry_run_prints_the_chosen_command():
     assert "standalone: torchrun --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2 " in result.stdout
     tail = "--shutdown-timeout=80 --standalone --nnodes=1 --nproc_per_node=2 -m imagenet_train.cli train --epochs 3"
     assert tail in result.stdout
+
+
+def main_job(page: Path) -> list[str]:
+    """The training command of a page's "main job on real ImageNet" block (continuation lines joined)."""
+    block = page.read_text().split("## The main job on real ImageNet", 1)[1].split("```bash", 1)[1].split("```")[0]
+    joined = re.sub(r"\\\n\s*", " ", block)
+    line = next(line for line in joined.splitlines() if " train " in line and "--run-dir" in line)
+    return shlex.split(line.split("#")[0])
+
+
+def test_readme_and_getting_started_name_the_same_main_job_and_it_is_launch():
+    readme, guide = main_job(REPO / "README.md"), main_job(REPO / "docs" / "getting-started.md")
+    assert readme == guide
+    assert readme[:2] == ["imagenet-train", "launch"], readme  # plain torchrun exits 1 on SIGTERM
+
+
+def test_the_documented_main_job_is_torchruns_rendezvous_on_each_node():
+    job = [word.replace("$HEAD", "head-0") for word in main_job(REPO / "README.md")]
+    result = cli(*job[1:2], "--dry-run", *job[2:])
+    assert result.returncode == 0, result.stderr
+    expected = "--nnodes=4 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=head-0:29500 --rdzv_id=imagenet-train"
+    assert "rendezvous: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --signals-to-handle=" in result.stdout
+    assert (
+        expected in result.stdout and "-m imagenet_train.cli train --config recipes/rn50-ffcv-88.yaml" in result.stdout
+    )
+
+
+def test_nnodes_without_a_rendezvous_is_one_line():
+    result = cli("launch", "--nnodes", "4", "--dry-run", "--", "train")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "imagenet-train: error: --nnodes 4: needs --rdzv-endpoint HOST:PORT (the first node's)"
+    ), result.stderr
+
+
+def stopped_mid_epoch(job: list[str], run_dir: Path, digit_shards: Path) -> tuple[int, str]:
+    """`job ... train` on 2 gloo ranks, sent SIGTERM once a mid-epoch checkpoint exists; exit code and output."""
+    args = [*CHECKPOINTING_TRAIN, *LONG_EPOCH, "--shards", str(digit_shards), "--run-dir", str(run_dir)]
+    process = subprocess.Popen(
+        [*job, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.monotonic() + 400
+    while not list(run_dir.glob("checkpoints/epoch-0000-step-*.pt")) and time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)  # to the launcher only, as a scheduler pre-empting the job sends it
+    try:
+        output, _ = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"no exit within 300 s of SIGTERM:\n{output[-4000:]}")
+    return process.returncode, output
+
+
+STOPPED = re.compile(r"stopped by SIGTERM at epoch 0 step (\d+): checkpoint (\S+); continue with --resume latest")
+
+
+@pytest.mark.slow
+def test_the_documented_main_job_stopped_by_sigterm_exits_143_with_its_checkpoint(digit_shards, tmp_path):
+    """README's main job on one node of 2 gloo ranks: SIGTERM mid-epoch, a checkpoint, and 143 for the scheduler."""
+    executable = str(Path(sys.executable).with_name("imagenet-train"))
+    endpoint = f"127.0.0.1:{free_port()}"
+    job = [executable, "launch", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-endpoint", endpoint, "train"]
+    code, output = stopped_mid_epoch(job, tmp_path / "run", digit_shards)
+    stopped = STOPPED.search(output)
+    assert code == 143, output[-4000:]
+    assert stopped and Path(stopped.group(2)).exists(), output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
+
+
+@pytest.mark.slow
+def test_plain_torchrun_stopped_by_sigterm_exits_1_after_the_checkpoint(digit_shards, tmp_path):
+    """What docs/faults.md says of plain torchrun, measured: the ranks stop cleanly, the agent still exits 1."""
+    job = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    code, output = stopped_mid_epoch([*job, "-m", "imagenet_train.cli", "train"], tmp_path / "run", digit_shards)
+    stopped = STOPPED.search(output)
+    assert stopped and Path(stopped.group(2)).exists(), output[-4000:]
+    assert code == 1 and "SignalException" in output, (code, output[-4000:])

@@ -1,14 +1,19 @@
 """`imagenet-train serve`: a real nginx with its own config and prefix, reachable, stopped by its pid."""
 
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.ops.serve import NginxServer, free_port
 
 
@@ -63,3 +68,66 @@ def test_health_checks_are_answered_from_memory_even_with_an_empty_volume(tmp_pa
     empty.mkdir()
     with NginxServer(str(empty)) as server, urllib.request.urlopen(f"{server.url}/healthz", timeout=10) as answer:
         assert answer.status == 200 and answer.read() == b"ok\n"
+
+
+class OtherServer:
+    """Another HTTP server holding a port first (answering with its own index), run in this test's process."""
+
+    def __init__(self) -> None:
+        handler = type(
+            "Handler", (http.server.BaseHTTPRequestHandler,), {"do_GET": _answer_other, "log_message": _quiet}
+        )
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _answer_other(handler) -> None:
+    handler.send_response(200)
+    handler.end_headers()
+    handler.wfile.write(b"the other server\n")
+
+
+def _quiet(*_) -> None:
+    pass
+
+
+def test_serve_on_a_port_another_server_holds_is_refused_in_one_line_naming_it(digit_shards):
+    other = OtherServer()
+    executable = Path(sys.executable).with_name("imagenet-train")
+    try:
+        started = time.monotonic()
+        result = subprocess.run(
+            [str(executable), "serve", str(digit_shards), "--port", str(other.port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        took = time.monotonic() - started
+        assert urllib.request.urlopen(f"http://127.0.0.1:{other.port}/").read() == b"the other server\n"
+    finally:
+        other.close()
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "serving" not in result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"127.0.0.1:{other.port}: already in use by pid {os.getpid()}" in lines[0], lines[0]
+    assert "--port" in lines[0] and took < 60
+
+
+def test_a_server_that_takes_the_port_after_the_check_is_not_mistaken_for_nginx(digit_shards, monkeypatch):
+    """The check before nginx starts can lose a race; the start-up probe then hears the other server, whose
+    answer lacks this nginx's token, and nginx's own failed bind ends it in the same one line."""
+    other = OtherServer()
+    monkeypatch.setattr("imagenet_train.ops.serve.port_taken", lambda host, port: False)
+    try:
+        server = NginxServer(str(digit_shards), port=other.port)
+        with pytest.raises(ImagenetTrainError, match=f"127.0.0.1:{other.port}: already in use by pid {os.getpid()}"):
+            server.start(timeout=30)
+        server.stop()
+    finally:
+        other.close()

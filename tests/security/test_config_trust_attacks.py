@@ -24,9 +24,9 @@ from imagenet_train.redact import MARK
 from imagenet_train.training.models import architecture
 
 from .test_index_attacks import TINY_TRAIN, write_index, write_shard
-from conftest import cli
+from conftest import REPO, cli
 
-CHART = Path(__file__).resolve().parents[2] / "helm" / "imagenet-train"
+CHART = REPO / "helm" / "imagenet-train"
 
 
 def one_line_refusal(result, *expected: str) -> str:

@@ -94,6 +94,11 @@ FORMATS: dict[str, Format] = {
     "ngc-instance": _string(r"^[a-z0-9]+\.[a-z0-9]+\.[0-9]+\.[a-z0-9]+$", "NGC instance type"),
     "ngc-runtime": _string(r"^([0-9]+D)?([0-9]+H)?([0-9]+M)?([0-9]+S)?$", "[nD][nH][nM][nS]", minLength=2),
     "ngc-label": _string(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$", "NGC label"),
+    "prometheus-duration": _string(
+        r"^(0|([0-9]+y)?([0-9]+w)?([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?)$",
+        "Prometheus duration (30s, 1m)",
+        minLength=1,
+    ),
     "number-or-text": Format({"type": ["integer", "string"], "pattern": NO_CONTROL}, "number or text"),
     "quantity": Format(QUANTITY, "Kubernetes quantity (64Gi, 500m, 8)"),
     "quantities": Format({"type": "object", "additionalProperties": QUANTITY}, "resource name: quantity"),

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from imagenet_train.deployment import admission_problems
+from imagenet_train.deployment import admission_problems, nproc
 from imagenet_train.errors import ImagenetTrainError
 
 from . import CHART_DIR, TEMPLATES
@@ -82,6 +82,8 @@ def helpers(values: dict, chart: dict, release: str, chart_dir: Path) -> dict[st
         "kueueLabels": {key: value for key, value in kueue.items() if value},
         "topologyAnnotations": {key: value for key, value in topology.items() if value},
         "nginxConf": (Path(chart_dir) / "files" / "nginx.conf").read_text(),
+        "dashboardJson": (Path(chart_dir) / "files" / "dashboard.json").read_text(),
+        "nprocPerNode": nproc(v),
         "release": {"name": release},
     }
 

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from imagenet_train.commands import Command, deployment_file
+from imagenet_train.commands import Command, deployment_file, one_shot_io_timeout
 from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.declarations import option, positional
 
@@ -14,14 +14,8 @@ BUCKET_URL = "gs://BUCKET/PREFIX"
 
 
 def _io_timeout() -> Any:
-    """--io-timeout as the bucket commands take it (train's own comes from its declaration)."""
-    return option(
-        IO_TIMEOUT,
-        "seconds to wait out a bucket outage before failing (default: %(default)g)",
-        kind=float,
-        minimum=0,
-        maximum=7 * 24 * 3600,
-    )
+    """--io-timeout as upload and sync take it: a one-shot command's short budget."""
+    return one_shot_io_timeout(waiting_for="the bucket")
 
 
 def _workers() -> Any:
@@ -60,7 +54,8 @@ class FillOptions:
 
     deployment: str = option(None, "the chart's deployment.yaml", nonempty=True, required=True, metavar="FILE")
     directory: str = option("/shards", "where the shard volume is mounted", nonempty=True)
-    io_timeout: float = _io_timeout()
+    # The chart's fill Job is not waited on by a person: it rides out a bucket outage as training does.
+    io_timeout: float = one_shot_io_timeout(IO_TIMEOUT, "the bucket")
 
 
 def _transfer(copies, copy, args: argparse.Namespace, verb: str, url: str) -> int:

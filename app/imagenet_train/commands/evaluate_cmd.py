@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from imagenet_train.commands import Command
+from imagenet_train.commands import Command, one_shot_io_timeout
 from imagenet_train.config import declaration
 from imagenet_train.declarations import option, positional
 
@@ -27,9 +27,9 @@ SETTINGS = (
     "val_resize_size",
     "val_crop_size",
     "decoder",
-    "io_timeout",
     "on_broken_shard",
     "cache_dir",
+    "cache_max_bytes",
     "verify_shards",
     "max_image_pixels",
     "loader_timeout",
@@ -56,6 +56,9 @@ class EvaluateOptions:
         flags=("--config",),
         metavar="FILE",
     )
+    # Its own flag, not the setting: a run's config.json holds training's budget, which a one-shot command
+    # against a gone server would sit out for 15 minutes.
+    io_timeout: float = one_shot_io_timeout()
 
 
 def _config_from(args: argparse.Namespace):
@@ -71,6 +74,7 @@ def _config_from(args: argparse.Namespace):
         for name in SETTINGS:
             if hasattr(section, name):
                 setattr(section, name, given.get(name, chosen.get(name, declaration(name)[0].default)))
+    cfg.data.io_timeout = args.io_timeout
     return checked(cfg)
 
 
@@ -91,9 +95,17 @@ def report(record: dict, weights: str, use_ema: bool, val_tta: bool, arch: str) 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate the weights on the val shards; write the JSON report and print the summary line."""
+    from imagenet_train.io.atomic import atomic_write
+    from imagenet_train.io.owned import owned_folder
     from imagenet_train.main.evaluate import evaluate_weights
 
     cfg = args.config
+    # eval.json beside the weights it scored (a --config names another run's folder, which is not this report's);
+    # that folder must be ours (io/owned.py), checked before the pass over the val shards.
+    beside = "" if args.out else str(Path(args.weights).parent)
+    what = f"{beside} (eval.json's folder, beside the weights; --out FILE writes elsewhere)"
+    if beside:
+        owned_folder(beside, what)
     record, info = evaluate_weights(cfg, args.weights, args.ema)
     if not info.is_main:
         return 0
@@ -109,10 +121,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         print(line, file=sys.stderr, flush=True)
         return 0
-    # Beside the weights it scored: a --config names another run's folder, which is not this report's.
-    out = Path(args.out) if args.out else Path(args.weights).parent / "eval.json"
+    out = owned_folder(beside, what) / "eval.json" if beside else Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    with atomic_write(out, "w", private=bool(beside)) as stream:  # a link at its name is replaced
+        stream.write(text)
     print(f"{line}; written to {out}", flush=True)
     return 0
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from imagenet_train.commands import Command, deployment_file
 from imagenet_train.declarations import option, positional
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.launchers.launch import GRACE_PERIOD
+from imagenet_train.launchers.launch import GRACE_PERIOD, Launch
 
 PROGRAM = "imagenet-train command and its options"
 
@@ -20,6 +20,15 @@ class LaunchOptions:
 
     nproc_per_node: int | None = option(
         None, "processes per node (default: from the environment, else GPUs)", kind=int, minimum=1, maximum=1024
+    )
+    nnodes: int = option(
+        1, "nodes taking part, with --rdzv-endpoint (as torchrun's --nnodes)", minimum=1, maximum=100_000
+    )
+    rdzv_endpoint: str = option(
+        "",
+        "HOST:PORT of the rendezvous on the first node, for a launch by hand on each node (torchrun's c10d "
+        "--rdzv-endpoint); default: the launcher's environment says how the nodes meet",
+        metavar="HOST:PORT",
     )
     wait_for: str = option("", "first wait until this shard index and its first shard can be read", metavar="INDEX")
     wait_timeout: float = option(1800, "seconds --wait-for keeps trying", kind=float, minimum=0, maximum=7 * 24 * 3600)
@@ -84,7 +93,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
         result = wait_for_shards(wait_for, wait_timeout, trust_index=trust)
         ready = f"shards ready: {result.index} ({result.samples} train samples in {result.shards} shards)"
         print(redact(ready), flush=True)
-    return run(program, nproc=nproc, dry_run=args.dry_run, grace_period=args.grace_period)
+    return run(program, nproc=nproc, dry_run=args.dry_run, grace_period=args.grace_period, launch=_by_hand(args, nproc))
+
+
+def _by_hand(args: argparse.Namespace, nproc: str | None) -> Launch | None:
+    """The rendezvous --nnodes and --rdzv-endpoint describe (None: the environment's launcher decides)."""
+    from imagenet_train.launchers.launch import by_hand
+
+    if not args.rdzv_endpoint:
+        if args.nnodes > 1:
+            raise ImagenetTrainError(f"--nnodes {args.nnodes}: needs --rdzv-endpoint HOST:PORT (the first node's)")
+        return None
+    return by_hand(args.nnodes, str(nproc) if nproc else None, args.rdzv_endpoint)
 
 
 def cmd_ray(args: argparse.Namespace) -> int:

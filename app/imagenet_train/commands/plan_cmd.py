@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from imagenet_train.choices import Mode
-from imagenet_train.commands import Command, training
+from imagenet_train.commands import Command, one_shot_io_timeout, training
 from imagenet_train.declarations import option
 from imagenet_train.errors import ImagenetTrainError, clip
 
@@ -32,6 +32,7 @@ class PlanOptions:
     )
     shards: str = training("shards")
     trust_index: bool = training("trust_index")
+    io_timeout: float = one_shot_io_timeout()
     shard_sizes: str = option("", "samples per shard, comma-separated (instead of an index)")
     nshards: int = option(0, "number of shards (with --samples-per-shard)", minimum=0, maximum=10_000_000)
     samples_per_shard: int = option(0, "samples in every shard", minimum=0, maximum=10_000_000)
@@ -95,7 +96,7 @@ def _plan_setup(args: argparse.Namespace) -> None:
     if args.shards:
         from imagenet_train.datasets.source import load_index
 
-        index = load_index(args.shards, trust_index=args.trust_index)
+        index = load_index(args.shards, io_timeout=args.io_timeout, trust_index=args.trust_index)
         sizes, urls = index.sizes("train"), index.urls("train")
         if args.simulate and args.verify_shards:
             from imagenet_train.datasets.source import expected_shards

@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from imagenet_train.commands import Command, training
+from imagenet_train.commands import Command, one_shot_io_timeout, training
 from imagenet_train.config import MAX_IMAGE_PIXELS
 from imagenet_train.datasets.fashion_mnist import DEBIAN_SOURCE, ValFrom
 from imagenet_train.datasets.images import ImageCheck
@@ -56,6 +56,7 @@ class SummarizeOptions:
     location: str = positional("shard directory, shards.json, or a URL to either")
     json: bool = option(False, "machine-readable output")
     trust_index: bool = training("trust_index", given_only=False)
+    io_timeout: float = one_shot_io_timeout()
 
 
 @dataclass
@@ -154,7 +155,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     """Print an index's classes and, per split, its samples, shards and shard URLs in brace notation."""
     from imagenet_train.datasets.source import brace, load_index
 
-    index = load_index(args.location, trust_index=args.trust_index)
+    index = load_index(args.location, io_timeout=args.io_timeout, trust_index=args.trust_index)
     summary = {"index": index.location, "classes": len(index.classes), "splits": {}}
     for split in index.splits():
         names = [shard["url"] for shard in index.shards(split)]

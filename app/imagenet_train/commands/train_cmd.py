@@ -21,6 +21,11 @@ class TrainOptions:
         flags=("--config",),
         metavar="FILE",
     )
+    print_config: bool = option(
+        False,
+        "print the resolved settings (defaults, then --config, then flags) and what they derive (world size, "
+        "global batch, scaled LR, steps) as YAML, then exit without reading data or starting torch.distributed",
+    )
 
 
 def _groups() -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -56,6 +61,11 @@ def train_config(options: list[str]):
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train with the checked Config the flags and --config gave."""
+    if args.print_config:
+        from imagenet_train.dry_run import launch_world, resolved_yaml
+
+        print(resolved_yaml(args.config, *launch_world()), end="", flush=True)
+        return 0
     from imagenet_train.main.train import train
 
     train(args.config)
@@ -79,12 +89,25 @@ def _check_train(args: argparse.Namespace) -> None:
     """The cross-field checks of a training configuration, before anything starts."""
     from imagenet_train.config_checks import checked
 
-    args.config = checked(_config_from(args))
+    cfg = _config_from(args)
+    if args.print_config and not (cfg.data.shards or cfg.data.train_urls):  # a recipe alone: show it all the same
+        cfg.data.shards = "-"
+        args.config = checked(cfg)
+        args.config.data.shards = ""
+    else:
+        args.config = checked(cfg)
 
 
 COMMANDS = (
     Command(
-        "train", "train (run under torchrun for DDP)", TrainOptions, cmd_train, check=_check_train, settings=_groups()
+        "train",
+        "train (run under torchrun for DDP)",
+        TrainOptions,
+        cmd_train,
+        check=_check_train,
+        settings=_groups(),
+        description="Train (run under torchrun for DDP). The defaults below are the built-in ones: "
+        "`--config FILE --print-config` prints the values a recipe and your flags give, and what they derive.",
     ),
     Command(
         "preflight",

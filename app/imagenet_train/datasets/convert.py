@@ -204,7 +204,7 @@ def convert(
     words = [check.value for check in images.ImageCheck]
     if options.verify not in words:
         raise ImagenetTrainError(f"--verify: expected one of {', '.join(words)}, got '{options.verify}'")
-    dataset = discover(source, val_labels, follow_symlinks)
+    dataset = discover(source, val_labels, follow_symlinks, progress)
     os.makedirs(output, exist_ok=True)
     class_index = {wnid: i for i, wnid in enumerate(dataset.classes)}
     jobs = plan_shards(dataset, options)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import csv
 import io
 import logging
 import os
 import tarfile
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from imagenet_train.datasets.label_files import read_val_labels, stem
 from imagenet_train.errors import ImagenetTrainError, clip, visible
 
 log = logging.getLogger(__name__)
@@ -19,8 +20,6 @@ TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
 KAGGLE_ROOT = Path("ILSVRC/Data/CLS-LOC")
 KAGGLE_VAL_LABELS = "LOC_val_solution.csv"
-# A label file is a few MB (50,000 lines); past this it is no label file, and reading it whole would not do.
-MAX_LABEL_BYTES = 64 << 20
 # Characters of a name from a label file an error shows: an ImageNet name or wnid whole, never a whole line.
 EXCERPT = 40
 
@@ -72,10 +71,11 @@ class Dataset:
 class _Tree:
     """The source tree being walked: which of its symlinks lead out of it (skipped unless followed)."""
 
-    def __init__(self, root: Path, follow_symlinks: bool):
+    def __init__(self, root: Path, follow_symlinks: bool, progress: bool = False):
         self.real = os.path.realpath(root)
         self.follow = follow_symlinks
         self.outside: list[str] = []
+        self.progress = progress  # a bar per split while its class folders are listed (1,000 for ImageNet)
 
     def leads_out(self, path: str | Path) -> bool:
         """Whether `path` resolves (through symlinks) out of the tree, unless --follow-symlinks reads them all."""
@@ -110,10 +110,6 @@ class _Tree:
         return sorted(found)
 
 
-def _stem(name: str) -> str:
-    return os.path.basename(name).split(".", 1)[0].replace(" ", "_")
-
-
 def _keyed(split: str, images: list[SourceImage]) -> list[SourceImage]:
     """Give every image a unique key; fall back to `<wnid>_<stem>` where stems repeat across classes."""
     counts = Counter(image.key for image in images)
@@ -142,14 +138,14 @@ def _class_dirs(root: Path, what: str, tree: _Tree) -> list[Path]:
 
 def _folder_images(class_dir: Path, tree: _Tree) -> list[SourceImage]:
     return [
-        SourceImage(_stem(f.name), class_dir.name, str(f), size=f.stat().st_size, name=f.name)
+        SourceImage(stem(f.name), class_dir.name, str(f), size=f.stat().st_size, name=f.name)
         for f in tree.files(class_dir)
     ]
 
 
 def _image_folder_split(root: Path, split: str, classes: list[str] | None, tree: _Tree) -> list[SourceImage]:
     images: list[SourceImage] = []
-    for class_dir in _class_dirs(root, split, tree):
+    for class_dir in scanning(_class_dirs(root, split, tree), f"scanning {split}", tree.progress):
         found = _folder_images(class_dir, tree)
         if not found and split == "train":
             raise ImagenetTrainError(f"{class_dir}: class directory is empty (expected images)")
@@ -159,53 +155,6 @@ def _image_folder_split(root: Path, split: str, classes: list[str] | None, tree:
     if not images:
         raise ImagenetTrainError(f"{root}: no images in the {split} split")
     return images
-
-
-def _label_text(path: Path) -> str:
-    """The label file's text, bounded; one line naming the file when it is not one."""
-    if not path.is_file():
-        raise ImagenetTrainError(f"{path}: validation label file not found")
-    with open(path, "rb") as stream:
-        data = stream.read(MAX_LABEL_BYTES + 1)
-    if len(data) > MAX_LABEL_BYTES:
-        raise ImagenetTrainError(f"{path}: over {MAX_LABEL_BYTES >> 20} MiB, not a validation label file")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ImagenetTrainError(
-            f"{path}: not UTF-8 text (expected LOC_val_solution.csv or '<image file> <wnid>' lines)"
-        ) from None
-
-
-def read_val_labels(path: Path) -> dict[str, str]:
-    """Validation labels, image stem → wnid, from Kaggle's LOC_val_solution.csv or `<file> <wnid>` lines.
-
-    An error names the file, the line and what was expected, never the line itself: the file may not be the
-    label file the layout promised (a link planted in someone else's tree), and its content is not ours to print.
-    """
-    text = _label_text(path)
-    labels: dict[str, str] = {}
-    if text.startswith("ImageId"):
-        rows = csv.DictReader(io.StringIO(text))
-        try:
-            for lineno, row in enumerate(rows, start=2):
-                prediction = (row.get("PredictionString") or "").split()
-                if not row.get("ImageId") or not prediction:
-                    raise ImagenetTrainError(f"{path}:{lineno}: expected 'ImageId,PredictionString' with a wnid")
-                labels[_stem(row["ImageId"])] = prediction[0]
-        except csv.Error:
-            raise ImagenetTrainError(
-                f"{path}:{rows.line_num}: not readable as CSV (expected 'ImageId,PredictionString')"
-            ) from None
-        return labels
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        fields = line.replace(",", " ").split()
-        if not fields:
-            continue
-        if len(fields) != 2:
-            raise ImagenetTrainError(f"{path}:{lineno}: expected '<image file> <wnid>', got {len(fields)} fields")
-        labels[_stem(fields[0])] = fields[1]
-    return labels
 
 
 def _val_labels(root: Path, given: Path | None, tree: _Tree, missing: str) -> tuple[dict[str, str], str]:
@@ -285,18 +234,26 @@ def _tar_members(path: str, stream, offset: int = 0, size: int | None = None):
         raise ImagenetTrainError(f"{path}: not a readable tar ({error})") from None
 
 
+def scanning(items: list, what: str, shown: bool) -> Iterable:
+    """`items` with a progress bar named `what` while a source's folders or tars are listed (minutes on ImageNet)."""
+    from tqdm import tqdm
+
+    return tqdm(items, desc=what, unit="class", disable=not shown)
+
+
 def _ilsvrc_tars(root: Path, val_labels: Path | None, tree: _Tree) -> Dataset:
     train_tar = tree.own_file(root / TRAIN_TAR, "train tar")
     splits: dict[str, list[SourceImage]] = {}
     classes: list[str] = []
     with open(train_tar, "rb") as stream:
         train: list[SourceImage] = []
-        for name, offset, size in list(_tar_members(str(train_tar), stream)):
+        members = list(_tar_members(str(train_tar), stream))
+        for name, offset, size in scanning(members, f"scanning {TRAIN_TAR}", tree.progress):
             if not name.endswith(".tar"):
                 continue
-            wnid = _stem(name)
+            wnid = stem(name)
             inner = [
-                SourceImage(_stem(n), wnid, str(train_tar), o, s, f"{name}/{n}")
+                SourceImage(stem(n), wnid, str(train_tar), o, s, f"{name}/{n}")
                 for n, o, s in _tar_members(f"{train_tar}:{name}", stream, offset, size)
             ]
             if not inner:
@@ -317,7 +274,7 @@ def _ilsvrc_tars(root: Path, val_labels: Path | None, tree: _Tree) -> Dataset:
             f"{val_tar}: validation labels needed; pass --val-labels (LOC_val_solution.csv or '<file> <wnid>')",
         )
         with open(val_tar, "rb") as stream:
-            val = [SourceImage(_stem(n), "", str(val_tar), o, s, n) for n, o, s in _tar_members(str(val_tar), stream)]
+            val = [SourceImage(stem(n), "", str(val_tar), o, s, n) for n, o, s in _tar_members(str(val_tar), stream)]
         splits["val"] = _apply_val_labels(val, labels, classes, where)
     return Dataset("ilsvrc-tars", classes, splits)
 
@@ -337,7 +294,7 @@ def _kaggle(root: Path, val_labels: Path | None, tree: _Tree) -> Dataset:
     val_dir = base / "val"
     if val_dir.is_dir() and tree.inside(val_dir):
         files = tree.files(val_dir)
-        val = [SourceImage(_stem(f.name), "", str(f), size=f.stat().st_size, name=f.name) for f in files]
+        val = [SourceImage(stem(f.name), "", str(f), size=f.stat().st_size, name=f.name) for f in files]
         missing = f"{val_dir}: flat validation images need {root / KAGGLE_VAL_LABELS}"
         labels, where = _val_labels(root, val_labels, tree, missing)
         splits["val"] = _apply_val_labels(val, labels, classes, where)
@@ -355,12 +312,14 @@ def _image_folder(root: Path, val_labels: Path | None, tree: _Tree) -> Dataset:
         else:
             labels, where = _val_labels(root, val_labels, tree, f"{val_root}: flat validation images need --val-labels")
             files = tree.files(val_root)
-            val = [SourceImage(_stem(f.name), "", str(f), size=f.stat().st_size, name=f.name) for f in files]
+            val = [SourceImage(stem(f.name), "", str(f), size=f.stat().st_size, name=f.name) for f in files]
             splits["val"] = _apply_val_labels(val, labels, classes, where)
     return Dataset("imagefolder", classes, splits)
 
 
-def discover(root: str | Path, val_labels: str | Path | None = None, follow_symlinks: bool = False) -> Dataset:
+def discover(
+    root: str | Path, val_labels: str | Path | None = None, follow_symlinks: bool = False, progress: bool = False
+) -> Dataset:
     """Recognise the layout under `root` and list every image with its class, split and unique key.
 
     Symlinks that lead out of `root` are not followed (an image there is not part of this dataset, and a
@@ -372,7 +331,7 @@ def discover(root: str | Path, val_labels: str | Path | None = None, follow_syml
         raise ImagenetTrainError(f"{root}: input directory does not exist")
     if not root.is_dir():
         raise ImagenetTrainError(f"{root}: expected a directory holding the dataset")
-    tree = _Tree(root, follow_symlinks)
+    tree = _Tree(root, follow_symlinks, progress)
     if (root / TRAIN_TAR).is_file():
         dataset = _ilsvrc_tars(root, labels, tree)  # two files named by the layout, read in place: nothing to walk
     elif (root / KAGGLE_ROOT).is_dir():

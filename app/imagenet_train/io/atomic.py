@@ -1,8 +1,13 @@
 """Atomic file replacement: write beside the destination under a fresh unpredictable name, fsync, rename.
 
-The temporary name is made with O_CREAT|O_EXCL (tempfile.mkstemp), so nothing another user planted in a
-shared folder is opened, followed or overwritten. A failed write removes its temporary file and leaves the
-previous file as it was. Temporary names are `.NAME.XXXXXXXX.tmp`: the results mirror and `sync` skip them.
+The temporary name is made with O_CREAT|O_EXCL|O_NOFOLLOW (tempfile.mkstemp), so nothing another user planted in
+a shared folder is opened, followed or overwritten, and the rename replaces a link at the destination's name rather
+than writing through it. A failed write removes its temporary file and leaves the previous file as it was.
+Temporary names are `.NAME.XXXXXXXX.tmp`: the results mirror and `sync` skip them.
+
+A private write (`private=True`: the run directory's records, checkpoints, upload sessions) makes the file 0600
+and first checks that the destination's folder is this user's and closed to others' writes (io/owned.py).
+Appends (`appending`) open the file itself without following a link.
 
 `own_folder` and `replace_in` do the same inside a folder held open by descriptor (O_NOFOLLOW), for a folder
 inside a directory that may come from elsewhere (`report`'s RUN_DIR/report): a link in the folder's place is
@@ -12,6 +17,7 @@ refused, a link in a file's place is replaced by the new file, never written thr
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -21,7 +27,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io.cache import ours
+from imagenet_train.io.owned import ours, owned_folder
 
 
 def free_space(folder: str | os.PathLike) -> str:
@@ -51,16 +57,20 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def replacing(path: str | os.PathLike) -> Iterator[str]:
+def replacing(path: str | os.PathLike, private: bool = False) -> Iterator[str]:
     """A new empty temporary file beside `path`, renamed onto `path` (after fsync) when the block ends.
 
     For writers that want a file name (a download). An exception in the block removes the temporary file.
+    `private`: the file is 0600, in a folder that must be this user's and closed to others' writes.
     """
     path = os.fspath(path)
     folder, name = os.path.split(path)
+    if private:
+        owned_folder(folder or ".")
     handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder or ".")
     try:
-        os.fchmod(handle, 0o666 & ~_umask())  # what open() would have made; mkstemp's 0600 would hide shards
+        # else what open() would have made: mkstemp's 0600 would hide shards from the server that serves them
+        os.fchmod(handle, 0o600 if private else 0o666 & ~_umask())
         os.close(handle)
         yield temporary
         with open(temporary, "rb") as written:
@@ -73,12 +83,39 @@ def replacing(path: str | os.PathLike) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb", buffering: int = -1) -> Iterator[IO]:
-    """An open file whose content replaces `path` in one step when the block ends without an error."""
-    with replacing(path) as temporary, open(temporary, mode, buffering=buffering) as stream:
-        yield stream
-        stream.flush()
-        os.fsync(stream.fileno())
+def atomic_write(path: str | os.PathLike, mode: str = "wb", buffering: int = -1, private: bool = False) -> Iterator[IO]:
+    """An open file whose content replaces `path` in one step when the block ends without an error
+    (`private`: see `replacing`)."""
+    with replacing(path, private) as temporary:
+        handle = os.open(temporary, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(handle, mode, buffering=buffering) as stream:
+            yield stream
+            stream.flush()
+            os.fsync(stream.fileno())
+
+
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def appending(path: str | os.PathLike, mode: int = 0o600) -> IO[str]:
+    """`path` opened to append text (made with `mode` when absent) without following a link at its name; a link,
+    or anything but a regular file (a FIFO), is one error line naming the file."""
+    try:
+        # O_NONBLOCK: a planted FIFO fails at once (ENXIO) instead of blocking the open.
+        handle = os.open(path, _APPEND, mode)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ImagenetTrainError(
+                f"{path}: a symbolic link where this run appends its own file (planted by another user?); refused"
+            ) from None
+        if error.errno != errno.ENXIO:
+            raise write_failed(path, error, "cannot append") from None
+        handle = -1
+    if handle < 0 or not stat.S_ISREG(os.fstat(handle).st_mode):
+        if handle >= 0:
+            os.close(handle)
+        raise ImagenetTrainError(f"{path}: not a regular file where this run appends its own file; refused")
+    return os.fdopen(handle, "a", encoding="ascii")
 
 
 def own_folder(path: str | os.PathLike, what: str) -> int:

@@ -14,57 +14,42 @@ is a real directory of this user that no one else may write to. A folder root ow
 folder (another user's) is one error line: a fallback elsewhere would fill a disk the operator did not name.
 A cached file is used only when it is a regular file of this user that no one else may write to, else it
 is fetched anew.
+
+With `--cache-max-bytes` the folder stays at or under that size (io/cache_space.py): a copy's space is reserved
+before it is written, least recently used idle copies are evicted to make it, and a copy being read is never
+removed (readers hold a shared lock on it). A shard that cannot be cached (size unknown, larger than the limit,
+every copy in use) is read straight from its URL, checked at its end as without a cache.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import os
 import stat
-import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
 
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.io.cache_space import decision, reserve
 from imagenet_train.io.integrity import DigestMismatch, copy_verified
-
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
-
-
-def ours(info: os.stat_result) -> bool:
-    """Whether a file or folder belongs to this user and no one else may write to it."""
-    return info.st_uid == os.geteuid() and not info.st_mode & _OTHERS_WRITE
+from imagenet_train.io.owned import ours, private_folder
 
 
 def checked_cache_dir(cache_dir: str) -> str:
     """The folder to cache in: `cache_dir` when it is this user's and closed to others' writes; a private
     folder of this user inside it when root owns it (a pod's emptyDir, /tmp); else an error naming it."""
-    try:
-        os.makedirs(cache_dir, mode=0o755, exist_ok=True)
-        info = os.lstat(cache_dir)
-        if stat.S_ISDIR(info.st_mode) and ours(info):
-            return cache_dir
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == 0:
-            private = os.path.join(cache_dir, f"imagenet-train-{os.geteuid()}")
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(private, 0o700)
-            mine = os.lstat(private)
-            if stat.S_ISDIR(mine.st_mode) and ours(mine):
-                return private
-            cache_dir, info = private, mine
-    except OSError as error:
-        raise ImagenetTrainError(f"--cache-dir {cache_dir}: cannot make or read ({error.strerror})") from None
-    owner = "" if info.st_uid == os.geteuid() else f"owned by uid {info.st_uid}, "
-    raise ImagenetTrainError(
-        f"--cache-dir {cache_dir}: {owner}mode {stat.filemode(info.st_mode)}; expected a directory of this user "
-        "that no one else may write to (another user could plant shards in it), refused"
-    )
+    return private_folder(cache_dir, "--cache-dir", "another user could plant shards in it")
 
 
-def _open_own(path: str) -> BinaryIO | None:
-    """The cached copy at `path` when it is this user's regular file closed to others' writes, else None."""
+class CheckedCopy(io.BufferedReader):
+    """A cached copy already checked against the index's sha256: the loader need not hash it again."""
+
+
+def _open_own(path: str, kind: type[io.BufferedReader] = io.BufferedReader) -> BinaryIO | None:
+    """The cached copy at `path` when it is this user's regular file closed to others' writes, else None; held
+    with a shared lock (the evictor leaves it be) and marked as used now (least recently used goes first)."""
     try:
         handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:  # absent, or a link: fetched anew (os.replace puts the copy in its place)
@@ -73,7 +58,12 @@ def _open_own(path: str) -> BinaryIO | None:
     if not stat.S_ISREG(info.st_mode) or not ours(info):
         os.close(handle)
         return None
-    return open(handle, "rb", buffering=1 << 20)
+    fcntl.flock(handle, fcntl.LOCK_SH)
+    if os.fstat(handle).st_nlink == 0:  # evicted between open and lock: its space no longer counts, refetch
+        os.close(handle)
+        return None
+    os.utime(handle)
+    return kind(io.FileIO(handle, "rb"), buffer_size=1 << 20)
 
 
 def cache_path(cache_dir: str, url: str) -> str:
@@ -85,11 +75,11 @@ def cache_path(cache_dir: str, url: str) -> str:
 class _Tee(io.RawIOBase):
     """Reads from `source` and writes the same bytes to a temporary file, renamed into place at EOF."""
 
-    def __init__(self, source: BinaryIO, path: str):
-        self.source, self.path = source, path
-        descriptor, self.temporary = _temporary(path)
+    def __init__(self, source: BinaryIO, path: str, part: tuple[int, str], reserved: int | None):
+        self.source, self.path, self.reserved = source, path, reserved
+        descriptor, self.temporary = part
         self.sink = os.fdopen(descriptor, "wb")  # noqa: SIM115 (closed in close())
-        self.complete = False
+        self.complete, self.written, self.overrun = False, 0, False
 
     def readable(self) -> bool:
         return True
@@ -100,8 +90,15 @@ class _Tee(io.RawIOBase):
             self.complete = True
             return 0
         buffer[: len(data)] = data
-        self.sink.write(data)
+        self._keep(data)
         return len(data)
+
+    def _keep(self, data: bytes) -> None:
+        """Write `data` to the copy; a stream longer than the space reserved for it is not cached."""
+        self.written += len(data)
+        self.overrun = self.overrun or (self.reserved is not None and self.written > self.reserved)
+        if not self.overrun:
+            self.sink.write(data)
 
     def close(self) -> None:
         if self.closed:
@@ -109,57 +106,118 @@ class _Tee(io.RawIOBase):
         try:
             if not self.complete:  # tar readers stop at the end marker: keep the padding too
                 while block := self.source.read(1 << 20):
-                    self.sink.write(block)
+                    self._keep(block)
                 self.complete = True
+            self.sink.flush()
+            if not self.overrun:  # the reservation was the size the stream reported; the copy is what came
+                os.ftruncate(self.sink.fileno(), self.written)
         except Exception:
             self.complete = False
+        # Renamed or removed while this writer still locks it: no evictor takes it for a killed writer's.
+        bounded = self.reserved is not None
+        with decision(os.path.dirname(self.path)) if bounded else contextlib.nullcontext():
+            if not (self.complete and not self.overrun and _in_place(self.temporary, self.path, bounded)):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.temporary)
         self.sink.close()
         self.source.close()
-        if self.complete:
-            os.replace(self.temporary, self.path)
-        else:
-            os.unlink(self.temporary)
         super().close()
 
 
-def open_cached(url: str, cache_dir: str, open_remote: Callable[[str], BinaryIO]) -> BinaryIO:
-    """The local copy of `url` if cached, else the remote stream, copied to the cache as it is read."""
+def _file_size(stream: BinaryIO) -> int | None:
+    """The size of a stream that is a local file; None for others (the loader passes storage.stream_size)."""
+    try:
+        return os.fstat(stream.fileno()).st_size
+    except (OSError, AttributeError, io.UnsupportedOperation):
+        return None
+
+
+def open_cached(
+    url: str,
+    cache_dir: str,
+    open_remote: Callable[[str], BinaryIO],
+    max_bytes: int = 0,
+    size_of: Callable[[BinaryIO], int | None] = _file_size,
+) -> BinaryIO:
+    """The local copy of `url` if cached, else the remote stream, copied to the cache as it is read when its
+    size (`size_of` the stream) fits under `max_bytes` (0: no limit)."""
     path = cache_path(checked_cache_dir(cache_dir), url)
     local = _open_own(path)
     if local is not None:
         return local
-    return io.BufferedReader(_Tee(open_remote(url), path), buffer_size=1 << 20)
+    remote = open_remote(url)
+    size = size_of(remote)
+    try:
+        part = reserve(path, size, max_bytes, ours)
+    except BaseException:
+        remote.close()
+        raise
+    if part is None:
+        return remote
+    return io.BufferedReader(_Tee(remote, path, part, size if max_bytes else None), buffer_size=1 << 20)
 
 
-def _temporary(path: str) -> tuple[int, str]:
-    """A new file next to `path` that nobody else could have made or linked beforehand (O_EXCL)."""
-    return tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.", suffix=".part")
+def _checked_local(path: str, sha256: str, size: int | None) -> BinaryIO | None:
+    """The cached copy at `path` once it matched the index's sha256; a damaged or planted one is removed."""
+    local = _open_own(path, CheckedCopy)
+    if local is None:
+        return None
+    try:
+        copy_verified(local, None, sha256, size)
+    except DigestMismatch:
+        local.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+    local.seek(0)
+    return local
+
+
+def _in_place(temporary: str, path: str, bounded: bool) -> bool:
+    """Rename a finished copy to `path`, unless (under a limit) a copy is there already: a reader may hold that
+    one, and its blocks would outlive its name uncounted; the new copy is removed then. Whether it was renamed."""
+    if bounded:
+        with contextlib.suppress(FileNotFoundError):
+            if ours(info := os.lstat(path)) and stat.S_ISREG(info.st_mode):
+                os.unlink(temporary)
+                return False
+    os.replace(temporary, path)
+    return True
 
 
 def open_verified(
-    url: str, cache_dir: str, open_remote: Callable[[str], BinaryIO], sha256: str, size: int | None
+    url: str,
+    cache_dir: str,
+    open_remote: Callable[[str], BinaryIO],
+    sha256: str,
+    size: int | None,
+    max_bytes: int = 0,
 ) -> BinaryIO:
     """The local copy of `url`, checked against the index's `sha256` (and `size`) before anything is read
-    from it; raises DigestMismatch when the remote shard does not match (nothing is cached then)."""
+    from it; raises DigestMismatch when the remote shard does not match (nothing is cached then). When it
+    cannot be cached under `max_bytes`, the remote stream (not a CheckedCopy: the loader checks it at its end)."""
     path = cache_path(checked_cache_dir(cache_dir), url)
-    local = _open_own(path)
+    local = _checked_local(path, sha256, size)
     if local is not None:
-        try:
-            copy_verified(local, None, sha256, size)
-        except DigestMismatch:
-            local.close()
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        else:
-            local.seek(0)
-            return local
-    descriptor, temporary = _temporary(path)
+        return local
+    part = reserve(path, size, max_bytes, ours)
+    if part is None:
+        return open_remote(url)
+    descriptor, temporary = part
     try:
-        with os.fdopen(descriptor, "wb") as sink, open_remote(url) as remote:
+        with os.fdopen(descriptor, "wb", closefd=False) as sink, open_remote(url) as remote:
             copy_verified(remote, sink, sha256, size)
-        os.replace(temporary, path)
+        # Renamed and held for reading before any evictor looks (no lock file without a limit, as before).
+        with decision(os.path.dirname(path)) if max_bytes else contextlib.nullcontext():
+            placed = _in_place(temporary, path, bool(max_bytes))
+            fcntl.flock(descriptor, fcntl.LOCK_SH)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
+        os.close(descriptor)
         raise
-    return open(path, "rb", buffering=1 << 20)
+    if not placed:  # another process cached it meanwhile: read that one (checked again), else from the URL
+        os.close(descriptor)
+        return _checked_local(path, sha256, size) or open_remote(url)
+    os.lseek(descriptor, 0, os.SEEK_SET)
+    return CheckedCopy(io.FileIO(descriptor, "rb"), buffer_size=1 << 20)

@@ -14,11 +14,13 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from stat import S_ISREG
 from typing import TypeVar
 
 from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.errors import ImagenetTrainError, visible
 from imagenet_train.io.atomic import atomic_write, replacing, write_failed
+from imagenet_train.io.owned import private_folder
 from imagenet_train.io.resumable import Opened, Transient, call, is_local
 
 T = TypeVar("T")
@@ -226,9 +228,15 @@ def upload_chunk() -> int:
 
 
 def sessions_dir() -> str:
-    """The folder of resumable-upload sessions: IMAGENET_TRAIN_UPLOAD_SESSIONS, else one in the user's cache."""
+    """The folder of resumable-upload sessions: IMAGENET_TRAIN_UPLOAD_SESSIONS, else one in the user's cache.
+
+    A session's URL lets whoever reads it write the object, so the folder is this user's and 0700 (a root-owned
+    shared folder such as /tmp gets a private one inside, another user's folder is one error line: io/owned.py)
+    and each record is 0600, replaced by rename and read without following a link."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.environ.get("IMAGENET_TRAIN_UPLOAD_SESSIONS") or os.path.join(base, "imagenet-train", "uploads")
+    chosen = os.environ.get("IMAGENET_TRAIN_UPLOAD_SESSIONS") or os.path.join(base, "imagenet-train", "uploads")
+    why = "a session record lets its reader write the object"
+    return private_folder(chosen, "upload sessions folder", why, mode=0o700)
 
 
 def _session_file(path: str, url: str) -> str:
@@ -260,10 +268,7 @@ def _upload_resumable(blob, path: str, url: str) -> None:
     size = os.path.getsize(path)
     record_path = _session_file(path, url)
     session = client()._http
-    record = None
-    if os.path.exists(record_path):
-        with open(record_path) as stream:
-            record = json.load(stream)
+    record = _read_record(record_path)
     offset = _committed(session, record["session"], size) if record else None
     if offset is None:
         record = {"url": url, "path": os.path.abspath(path), "size": size}
@@ -292,9 +297,25 @@ def _upload_resumable(blob, path: str, url: str) -> None:
     os.unlink(record_path)
 
 
+MAX_RECORD = 64 << 10  # a session record is a few hundred bytes
+
+
+def _read_record(path: str) -> dict | None:
+    """The session record at `path`, read without following a link; None when absent or not one we wrote."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(handle, "rb") as stream:
+        try:
+            record = json.loads(stream.read(MAX_RECORD + 1)) if S_ISREG(os.fstat(handle).st_mode) else None
+        except (ValueError, RecursionError):
+            return None
+    return record if isinstance(record, dict) and isinstance(record.get("session"), str) else None
+
+
 def _write_json(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with atomic_write(path, "w") as stream:
+    with atomic_write(path, "w", private=True) as stream:
         json.dump(data, stream)
 
 
@@ -325,15 +346,16 @@ class _ListedSizeFile:
         self.stream.flush()
 
 
-def download(url: str, path: str, io_timeout: float = IO_TIMEOUT) -> ObjectInfo:
+def download(url: str, path: str, io_timeout: float = IO_TIMEOUT, private: bool = False) -> ObjectInfo:
     """Download the object's stored bytes to a temporary name, verify the checksum, then rename into place.
 
     The stored bytes, never a transcoded form: an object stored with `Content-Encoding: gzip` is written as
     it is stored (GCS would otherwise send it inflated, of any size). The write stops at the listed size.
+    `private`: the file is 0600, in a folder of this user closed to others' writes (atomic.replacing).
     """
     bucket, name = split(url)
     try:
-        with replacing(path) as temporary:
+        with replacing(path, private) as temporary:
 
             def fetch():
                 blob = client().bucket(bucket).get_blob(name, retry=None)

@@ -103,7 +103,9 @@ class Outage:
         elapsed = time.monotonic() - self.started
         delay = backoff(self.attempt)
         if elapsed + delay > self.budget:
-            raise ImagenetTrainError(f"{self.url}: unreachable for {elapsed:.0f} s ({reason})") from None
+            raise ImagenetTrainError(
+                f"{self.url}: unreachable for {elapsed:.0f} s ({reason}); gave up at --io-timeout {self.budget:g} s"
+            ) from None
         if _node_may_log():
             log.warning("waiting for %s: %s (%.0f s of --io-timeout %.0f s)", self.url, reason, elapsed, self.budget)
         self.attempt += 1

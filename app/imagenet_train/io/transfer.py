@@ -8,6 +8,7 @@ destination (io/paths.py says which are).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -90,9 +91,14 @@ def check_names(url: str, copies: list[Copy]) -> None:
 
 
 def run(
-    copies: list[Copy], copy: Callable[[str, str, float], object], workers: int = 8, io_timeout: float = IO_TIMEOUT
+    copies: list[Copy],
+    copy: Callable[[str, str, float], object],
+    workers: int = 8,
+    io_timeout: float = IO_TIMEOUT,
+    folder_mode: int = 0o777,
 ) -> int:
-    """Carry out the copies in parallel; returns how many were copied. A plan with refused names copies nothing."""
+    """Carry out the copies in parallel; returns how many were copied. A plan with refused names copies nothing.
+    Folders a download needs are made with `folder_mode` (less the umask)."""
     refused = next((c for c in copies if c.action == "refuse"), None)
     if refused:
         raise ImagenetTrainError(f"{shown(refused.source)}: {refused.reason}; nothing was copied")
@@ -108,7 +114,7 @@ def run(
                 confined(item.destination, item.target)
             except UnsafeName as why:
                 raise ImagenetTrainError(f"{item.source}: {why} ({item.target})") from None
-            os.makedirs(os.path.dirname(item.target) or ".", exist_ok=True)
+            os.makedirs(os.path.dirname(item.target) or ".", mode=folder_mode, exist_ok=True)
         copy(item.source, item.target, io_timeout)
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
@@ -122,8 +128,11 @@ def upload_tree(directory: str, url: str, workers: int = 8, io_timeout: float = 
     return run(plan_upload(directory, url, io_timeout), gcs.upload, workers, io_timeout)
 
 
-def sync_tree(url: str, directory: str, workers: int = 8, io_timeout: float = IO_TIMEOUT) -> int:
-    """Download `url` into `directory` (see `plan_sync`); returns how many files were copied."""
+def sync_tree(url: str, directory: str, workers: int = 8, io_timeout: float = IO_TIMEOUT, private: bool = False) -> int:
+    """Download `url` into `directory` (see `plan_sync`); returns how many files were copied. `private` (a run
+    directory): files 0600 and new folders 0700, each written into a folder of this user closed to others."""
     copies = plan_sync(url, directory, io_timeout)
     check_names(url, copies)
+    if private:
+        return run(copies, functools.partial(gcs.download, private=True), workers, io_timeout, 0o700)
     return run(copies, gcs.download, workers, io_timeout)

@@ -157,6 +157,12 @@ def _standalone(env: Mapping[str, str], nproc: str | None) -> Launch:
     return Launch("standalone", ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc or _local_devices()}"])
 
 
+def by_hand(nnodes: int, nproc: str | None, endpoint: str) -> Launch:
+    """`launch --nnodes N --rdzv-endpoint HOST:PORT` on each node: torchrun's c10d rendezvous, as its own flags say."""
+    args = [f"--nnodes={nnodes}", f"--nproc_per_node={nproc or _local_devices()}", "--rdzv_backend=c10d"]
+    return Launch("rendezvous", [*args, f"--rdzv_endpoint={endpoint}", "--rdzv_id=imagenet-train"], dict(ELASTIC_ENV))
+
+
 @dataclass(frozen=True)
 class Launcher:
     """One launcher `launch` recognises: whether an environment is its, and the torchrun arguments it means."""
@@ -236,13 +242,20 @@ def _exit_code(failures: dict) -> int:
     return 128 - worst if worst < 0 else worst
 
 
-def run(program: list[str], nproc: str | None = None, dry_run: bool = False, grace_period: float = GRACE_PERIOD) -> int:
-    """Print the torchrun command for this environment, then run torchrun in this process.
+def run(
+    program: list[str],
+    nproc: str | None = None,
+    dry_run: bool = False,
+    grace_period: float = GRACE_PERIOD,
+    launch: Launch | None = None,
+) -> int:
+    """Print the torchrun command for this environment (or `launch`), then run torchrun in this process.
 
     In-process rather than exec: a signal that stops the job (SIGTERM from the kubelet, SIGUSR1 from
     Slurm) ends in exit code 128 + N after the ranks stopped (each saying what it saved), instead of a traceback.
+    Plain torchrun re-raises the SignalException of its agent instead: a traceback and exit 1.
     """
-    launch = resolve(os.environ, nproc)
+    launch = launch or resolve(os.environ, nproc)
     argv = command(launch, program or ["train", "--help"], torchrun_options(grace_period))
     settings = "".join(f"{key}={value} " for key, value in launch.env.items())
     print(redact(f"imagenet-train launch: {launch.launcher}: {settings}torchrun {' '.join(argv[3:])}"), flush=True)

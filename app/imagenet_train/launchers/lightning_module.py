@@ -10,6 +10,8 @@ so they are refused.
 # ruff: noqa: E402 (torchvision must be made importable before Lightning loads it)
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -158,6 +160,49 @@ class TrainJobProgress(lightning.Callback):
         self.run.end()
 
 
+class StopAtBatchEnd(lightning.Callback):
+    """SIGTERM ends the fit at the end of a training batch, on every rank at once, wherever it lands.
+
+    Lightning's own handler runs a collective (a broadcast) inside the signal handler: landing in the middle of
+    the step (`optimizer.step`, DDP's backward), that broadcast meets another rank's unrelated one, fails, and
+    its error surfaces from wherever the handler interrupted, a traceback from torch/optim and exit 1. Here the
+    handler only notes the signal (and passes it to the ranks this process started, as Lightning's does); each
+    batch's end asks every rank with one small all-reduce, and all of them raise Lightning's SIGTERMException
+    there together. ImagenetModule brings it to every Trainer."""
+
+    def __init__(self) -> None:
+        self.trainer: lightning.Trainer | None = None
+        self.noted = 0  # the stop signal this rank received (0: none)
+
+    def on_train_start(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
+        """Take SIGTERM over from Lightning's handler (its teardown puts back what was there before the fit)."""
+        self.trainer = trainer
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.note)
+
+    def note(self, signum: int, _frame: object) -> None:
+        """The handler: note the signal and pass it on to the ranks this process started; no collective here."""
+        first, self.noted = not self.noted, signum
+        launcher = self.trainer.strategy.launcher if self.trainer else None
+        if first and launcher is not None and hasattr(launcher, "kill"):
+            launcher.kill(signum)
+
+    def on_train_batch_end(
+        self, trainer: lightning.Trainer, module: ImagenetModule, outputs: object, batch: object, index: int
+    ) -> None:
+        """Stop every rank here when any rank has noted a stop signal."""
+        if self.agreed(trainer):
+            raise lightning.pytorch.utilities.exceptions.SIGTERMException(128 + signal.SIGTERM)
+
+    def agreed(self, trainer: lightning.Trainer) -> bool:
+        """Whether any rank has noted a stop (every rank calls this at the same batch: it is a collective)."""
+        if trainer.world_size == 1 or not torch.distributed.is_initialized():
+            return bool(self.noted)
+        flag = torch.tensor([1.0 if self.noted else 0.0], device=trainer.strategy.root_device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 class ImagenetModule(lightning.LightningModule):
     """The model, SGD parameter groups, warmup+cosine LR per step, loss and top-1/top-5 of `imagenet-train train`."""
 
@@ -184,8 +229,8 @@ class ImagenetModule(lightning.LightningModule):
             )
 
     def configure_callbacks(self) -> list[lightning.Callback]:
-        """The TrainJob's progress, whichever Trainer runs the module."""
-        return [TrainJobProgress()]
+        """The TrainJob's progress and a clean stop, whichever Trainer runs the module."""
+        return [TrainJobProgress(), StopAtBatchEnd()]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """The run's --opt over the model's parameter groups, starting at the schedule's base LR."""

@@ -1,5 +1,5 @@
-"""Training augmentation after the crop and flip, from torchvision.transforms.v2 on the uint8 CHW tensor
-(TrivialAugmentWide, RandAugment, AutoAugment, RandomErasing)."""
+"""Training augmentation after the crop and flip, from torchvision.transforms.v2 on the uint8 CHW tensor: the
+--auto-augment policy (its entry in loading/policies.py's POLICIES), then RandomErasing."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from imagenet_train.choices import AutoAugment, Interpolation
 from imagenet_train.compat import ensure_torchvision
+from imagenet_train.loading.policies import policy_entry
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402
@@ -26,19 +27,14 @@ def interpolation_mode(name: Interpolation | str) -> v2.InterpolationMode:
 def policy(
     name: AutoAugment | str, interpolation: Interpolation | str = Interpolation.BILINEAR
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The --auto-augment policy as torchvision's reference builds it, or None for none. Its geometric operations
-    on a tensor take nearest or bilinear only (torchvision's affine refuses bicubic there; its reference, on PIL
-    images, can), so under --interpolation bicubic the policy stays bilinear."""
+    """The --auto-augment policy as torchvision's reference builds it (its loading.policies entry), or None. Its
+    geometric operations on a tensor take nearest or bilinear only (torchvision's affine refuses bicubic there; its
+    reference, on PIL images, can), so under --interpolation bicubic the policy stays bilinear."""
     mode = interpolation_mode(interpolation)
     if mode is v2.InterpolationMode.BICUBIC:
         mode = v2.InterpolationMode.BILINEAR
-    if name == AutoAugment.TA_WIDE:
-        return v2.TrivialAugmentWide(interpolation=mode)
-    if name == AutoAugment.RA:
-        return v2.RandAugment(interpolation=mode)
-    if name == AutoAugment.IMAGENET:
-        return v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=mode)
-    return None
+    build = policy_entry(name).cpu
+    return build(v2, mode) if build else None
 
 
 def after_crop(

@@ -29,7 +29,9 @@ from imagenet_train.planning.seeds import augmentation_seed
 
 def shard_reading(data: DataConfig, source: DataSource) -> ShardReading:
     """How the loaders read shards: the outage budget, broken-shard policy, expected sizes and cache."""
-    return ShardReading(data.io_timeout, data.on_broken_shard, source.expected, data.cache_dir, data.verify_shards)
+    return ShardReading(
+        data.io_timeout, data.on_broken_shard, source.expected, data.cache_dir, data.verify_shards, data.cache_max_bytes
+    )
 
 
 def _per_sample(data: DataConfig, preset: TrainPreset | ValPreset) -> tuple:

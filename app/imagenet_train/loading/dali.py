@@ -24,6 +24,7 @@ from imagenet_train.datasets.pixels import check_image, decoding
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.imagenet_stats import IMAGENET_MEAN, IMAGENET_STD
 from imagenet_train.loading.batching import Batch
+from imagenet_train.loading.policies import dali_builder
 
 
 def available() -> bool:
@@ -111,6 +112,8 @@ class DaliDecoder:
                 "--decoder dali: NVIDIA DALI is not installed (pip install 'imagenet-train[dali]', "
                 "i.e. nvidia-dali-cuda130)"
             )
+        if augment.train:
+            dali_builder(augment.auto_augment)  # refused here, not inside DALI's graph
         self.loader, self.augment, self.device = loader, augment, device
         self.pending: deque = deque()  # (labels, keys) of batches handed to DALI, in order
         self.batches: Iterator[JpegBatch] | None = None
@@ -215,11 +218,6 @@ class DaliDecoder:
 
 
 def dali_policy(name: AutoAugment | str, images):
-    """DALI's own --auto-augment policy (nvidia.dali.auto_aug) on a batch of uint8 HWC crops."""
-    from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
-
-    if name == AutoAugment.TA_WIDE:
-        return trivial_augment.trivial_augment_wide(images)
-    if name == AutoAugment.RA:
-        return rand_augment.rand_augment(images, n=2, m=9)  # torchvision's RandAugment defaults
-    return auto_augment.auto_augment_image_net(images)
+    """DALI's own --auto-augment policy (nvidia.dali.auto_aug, its entry in loading.policies' POLICIES) on a batch
+    of uint8 HWC crops; a word the table lacks, or one without a DALI builder, is refused in one line."""
+    return dali_builder(name)(images)

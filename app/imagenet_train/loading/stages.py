@@ -17,7 +17,7 @@ from imagenet_train.datasets.pixels import CorruptImage
 from imagenet_train.datasets.source import ShardInfo
 from imagenet_train.errors import ImagenetTrainError, clip, visible
 from imagenet_train.io import storage, tarstream
-from imagenet_train.io.cache import open_cached, open_verified
+from imagenet_train.io.cache import CheckedCopy, open_cached, open_verified
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
 from imagenet_train.io.pipe import CommandFailed
 
@@ -119,6 +119,7 @@ class ShardReading:
     expected: Mapping[str, ShardInfo] = field(default_factory=dict)
     cache_dir: str = ""
     verify: bool = True
+    cache_max_bytes: int = 0
 
     def checksum(self, url: str) -> str | None:
         """The sha256 to check `url` against, or None when not verifying or the index records none."""
@@ -135,8 +136,9 @@ class ShardReading:
         if self.cached(url):
             sha256 = self.checksum(url)
             if sha256:
-                return open_verified(url, self.cache_dir, remote, sha256, self.expected[url].filesize)
-            return open_cached(url, self.cache_dir, remote)
+                size = self.expected[url].filesize
+                return open_verified(url, self.cache_dir, remote, sha256, size, self.cache_max_bytes)
+            return open_cached(url, self.cache_dir, remote, self.cache_max_bytes, storage.stream_size)
         return storage.open_stream(url, self.io_timeout)
 
 
@@ -234,7 +236,7 @@ def hashed(shards: Iterable[Shard], reading: ShardReading) -> Generator[Shard, N
     """Each shard the cache did not check, read through a VerifyingReader that hashes its bytes on the way
     (the tar expander checks the digest at the shard's end)."""
     for shard in shards:
-        if shard.sha256 and not reading.cached(shard.url):
+        if shard.sha256 and not isinstance(shard.stream, CheckedCopy):
             size = shard.expected.filesize if shard.expected else None
             stream = cast(tarstream.Readable, shard.stream)  # opened() set it
             verifier = VerifyingReader(stream, shard.sha256, size)

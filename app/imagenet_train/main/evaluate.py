@@ -16,6 +16,7 @@ from imagenet_train.loading.batches import RunBatches
 from imagenet_train.training.dist import DistInfo, cleanup, init_distributed
 from imagenet_train.training.evaluation import evaluate
 from imagenet_train.training.models import architecture
+from imagenet_train.training.progress import evaluating
 from imagenet_train.training.step import amp_dtype
 from imagenet_train.weights_files import MissingEntry, load_weights
 
@@ -48,7 +49,7 @@ def evaluate_weights(cfg: Config, path: str | Path, use_ema: bool = False) -> tu
             record, _ = evaluate(
                 model,
                 batches.val,
-                batches.val_batches(),
+                evaluating(batches.val_batches(), f"evaluating {Path(path).name}", info.is_main),
                 info,
                 amp_dtype(cfg.run.amp, info.device),
                 channels_last,

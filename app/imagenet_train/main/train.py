@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -19,8 +20,16 @@ from imagenet_train.loading.workers import start_worker_server
 from imagenet_train.planning.plan import preflight_check
 from imagenet_train.rundir.checkpoint import latest
 from imagenet_train.rundir.directory import RunDirectory
-from imagenet_train.training.dist import DistInfo, cleanup, init_distributed, is_peer_lost, peer_lost_reason
+from imagenet_train.training.dist import (
+    DistInfo,
+    cleanup,
+    init_distributed,
+    is_collective_timeout,
+    is_peer_lost,
+    peer_lost_reason,
+)
 from imagenet_train.training.hooks import StopRequest
+from imagenet_train.training.liveness import Heartbeat
 from imagenet_train.training.loop import Trainer
 from imagenet_train.training.parts import RunParts
 
@@ -35,22 +44,25 @@ def train(cfg: Config) -> dict:
     checked(cfg)
     request = StopRequest()
     request.install()  # before the first collective: a signal during start-up is noted, not fatal
-    info = init_distributed()
+    info = init_distributed(cfg.run.collective_timeout, cfg.run.run_dir)
+    beat = Heartbeat(info.rank, info.world, cfg.run.collective_timeout).start() if info.enabled else None
     try:
         if cfg.run.preflight:
             from imagenet_train.ops.preflight import run_preflight
 
             with waiting.blocking("the preflight checks (an all-reduce over every rank)"):
                 run_preflight(cfg.for_world(info.world), info)
-        result = _run_released(cfg.for_world(info.world), info, request)
+        result = _run_released(cfg.for_world(info.world), info, request, beat)
         if info.is_main:
             print(f"run directory: {Path(cfg.run.run_dir).resolve()}", flush=True)
         return result
     finally:
+        if beat is not None:
+            beat.stop()
         cleanup()
 
 
-def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
+def _run_released(cfg: Config, info: DistInfo, request: StopRequest, beat: Heartbeat | None = None) -> dict:
     """The run, with the trainer (its DDP model and loader processes) released before the caller tears down
     the process group, also when the run ends in an error or a pre-emption: torn down the other way round,
     a rank can block in its exit past the grace period."""
@@ -61,6 +73,8 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
         with waiting.interruptible("fetching the shard index"):
             source = run_source(cfg.data)
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)  # before the model: a plan that hangs
+        if info.is_main and info.device.type == "cpu" and (advice := cpu_advice(cfg.data.batch_size, cfg.data.workers)):
+            log.warning("pre-flight: %s", advice)
         if cfg.data.workers:
             start_worker_server()  # the workers' forkserver does its imports while the model is built
         with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
@@ -79,21 +93,45 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest) -> dict:
         if not is_peer_lost(error):
             raise
         log.debug("a collective failed", exc_info=error)
-        if waiting.requested():  # signalled, and a peer that was signalled too left while this rank was in a step
-            reason = f"another rank left first: {peer_lost_reason(error)}"
-            failure = _left_unsaved(info, waiting.requested(), "in a collective", reason, cfg.run)
-            if trainer is not None and waiting.cut_short(now=True):
-                trainer.batches.abandon()  # its workers may be asleep in an outage
-        else:
-            failure = PeerLost(
-                f"rank {info.rank}: another rank is gone ({peer_lost_reason(error)}); exit {PeerLost.exit_code} asks "
-                f"the launcher to restart every node, which resumes from the last checkpoint with --resume latest"
-            )
+        failure = _peer_lost(error, info, cfg.run, beat)
+        if trainer is not None and waiting.requested() and waiting.cut_short(now=True):
+            trainer.batches.abandon()  # its workers may be asleep in an outage
     finally:
         del trainer
         if not waiting.cut_short():  # leaving at once (waiting.leave_now): collecting the loaders takes seconds
             gc.collect()
     raise failure
+
+
+CPU_BATCH = 32  # per rank: what a CPU steps through in seconds, not minutes (a ResNet-50 step at 256 needs ~20 GB)
+
+
+def cpu_advice(batch_size: int, workers: int, cpus: int | None = None) -> str | None:
+    """One line for a CPU-only run whose batch or workers are the defaults' size, which is sized for a GPU rank
+    (None when they are already small)."""
+    cpus = cpus or os.cpu_count() or 1
+    lower = max(1, min(workers, cpus - 1))
+    if batch_size <= CPU_BATCH and workers <= lower:
+        return None
+    return (
+        f"training on CPU with --batch-size {batch_size} and --workers {workers} (each holding 4 batches): the "
+        f"defaults are sized for one GPU of an 8-GPU node and take many GB here before the first step; on this "
+        f"CPU try --batch-size {min(batch_size, CPU_BATCH)} --workers {lower}"
+    )
+
+
+def _peer_lost(error: BaseException, info: DistInfo, run: RunConfig, beat: Heartbeat | None) -> BaseException:
+    """The one-line failure of a collective that lost a peer: a stop signal's, a timeout's naming the rank that
+    stopped answering, or a peer's that is gone."""
+    if waiting.requested():  # signalled, and a peer that was signalled too left while this rank was in a step
+        reason = f"another rank left first: {peer_lost_reason(error)}"
+        return _left_unsaved(info, waiting.requested(), "in a collective", reason, run)
+    if beat is not None and is_collective_timeout(error):
+        return PeerLost(beat.who_stopped(PeerLost.exit_code, run.collective_timeout))
+    return PeerLost(
+        f"rank {info.rank}: another rank is gone ({peer_lost_reason(error)}); exit {PeerLost.exit_code} asks "
+        f"the launcher to restart every node, which resumes from the last checkpoint with --resume latest"
+    )
 
 
 def run_parts(cfg: Config, info: DistInfo) -> RunParts:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -21,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.ops.ports import port_holder, port_taken
 
 MAIN_CONFIG = """\
 daemon off;
@@ -39,6 +41,7 @@ http {{
     server {{
         listen {host}:{port};
         root {root};
+        add_header {token_header} {token} always;
         include {tuning};
     }}
 }}
@@ -48,6 +51,9 @@ http {{
 # `nobody` owns no files, so a worker running as it reads only what every user may read. Not a distribution's
 # web user (www-data, nginx): other services on the host may share it and own files as it.
 WORKER_USER = "nobody"
+# Each server's answers carry its own random token: the start-up check knows that our nginx answers, not
+# another server that held the port first (nginx retries a busy port for seconds before it gives up).
+TOKEN_HEADER = "X-Imagenet-Train-Server"
 
 
 def _can_list(folder: Path, uid: int, gid: int) -> bool:
@@ -80,6 +86,7 @@ class NginxServer:
             raise ImagenetTrainError(f"{root}: shard directory does not exist")
         self.host, self.port, self.workers = host, port or free_port(host), workers
         self.access_log = access_log
+        self.token = secrets.token_hex(8)
         self.user = self._user_directive()  # started as root: fails here, before anything is written
         self.state: Path | None = None
         self.process: subprocess.Popen | None = None
@@ -99,6 +106,8 @@ class NginxServer:
             host=self.host,
             port=self.port,
             root=self.root,
+            token_header=TOKEN_HEADER,
+            token=self.token,
             tuning=tuning,
             access_log=f"{state}/access.log" if self.access_log else "off",
         )
@@ -121,7 +130,9 @@ class NginxServer:
         return f"user {WORKER_USER} {group};"
 
     def start(self, timeout: float = 10.0) -> NginxServer:
-        """Start nginx and return once it answers; a one-line error if it fails or is silent for `timeout` s."""
+        """Start nginx and return once it answers; a one-line error if the port is taken, nginx fails or is silent."""
+        if port_taken(self.host, self.port):
+            raise self.busy()
         self.state = Path(tempfile.mkdtemp(prefix="imagenet-train-nginx-"))
         config = self.state / "nginx.conf"
         config.write_text(self.config_text(self.state))
@@ -133,21 +144,41 @@ class NginxServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                error = (self.process.stderr.read() or b"").decode().strip().splitlines()
-                raise ImagenetTrainError(
-                    f"nginx on {self.host}:{self.port} failed to start: "
-                    f"{error[-1] if error else 'exit ' + str(self.process.returncode)}"
-                )
-            try:
-                urllib.request.urlopen(self.url + "/", timeout=1).close()
+                raise self.failed()
+            if self.answers():
                 return self
-            except urllib.error.HTTPError as error:
-                self.stop()
-                raise ImagenetTrainError(f"nginx on {self.url} answers HTTP {error.code} for {self.root}") from None
-            except OSError:
-                time.sleep(0.05)
+            time.sleep(0.05)
         self.stop()
         raise ImagenetTrainError(f"nginx on {self.host}:{self.port}: no answer within {timeout:.0f}s")
+
+    def answers(self) -> bool:
+        """Whether this nginx (its token in the answer) serves the URL; another server answering there is not it."""
+        try:
+            with urllib.request.urlopen(self.url + "/", timeout=1) as response:
+                return response.headers.get(TOKEN_HEADER) == self.token
+        except urllib.error.HTTPError as error:
+            if error.headers.get(TOKEN_HEADER) != self.token:
+                return False
+            self.stop()
+            raise ImagenetTrainError(f"nginx on {self.url} answers HTTP {error.code} for {self.root}") from None
+        except OSError:
+            return False
+
+    def busy(self) -> ImagenetTrainError:
+        """The error for a port another process holds, naming it where /proc says."""
+        holder = port_holder(self.port)
+        return ImagenetTrainError(
+            f"{self.host}:{self.port}: already in use{f' by {holder}' if holder else ''}; "
+            f"stop that server or choose another --port (0: a free one)"
+        )
+
+    def failed(self) -> ImagenetTrainError:
+        """The error for an nginx that exited while starting: its last line (a taken port said as such)."""
+        error = (self.process.stderr.read() or b"").decode().strip().splitlines()
+        if any("Address already in use" in line for line in error):
+            return self.busy()  # taken between the check and nginx's bind
+        last = error[-1] if error else f"exit {self.process.returncode}"
+        return ImagenetTrainError(f"nginx on {self.host}:{self.port} failed to start: {last}")
 
     @property
     def pid(self) -> int | None:

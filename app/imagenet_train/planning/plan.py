@@ -85,7 +85,7 @@ class LoaderSettings(Protocol):
 
     workers: int
     batch_size: int
-    mode: str
+    mode: Mode
     epoch_batches: int
     repeat: int
 
@@ -237,10 +237,18 @@ class RunChoices(Protocol):
 
 
 class PlannedSettings(Protocol):
-    """A run's settings as the verdict reads them (config.Config): planning/ never imports config."""
+    """A run's settings as the verdict reads them (config.Config): planning/ never imports config. Read-only
+    members, so that config's sections, which hold more than these, satisfy them."""
 
-    data: LoaderSettings
-    run: RunChoices
+    @property
+    def data(self) -> LoaderSettings:
+        """The data section."""
+        ...
+
+    @property
+    def run(self) -> RunChoices:
+        """The run section."""
+        ...
 
 
 def preflight_check(

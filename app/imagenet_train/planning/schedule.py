@@ -112,7 +112,7 @@ ONE_STEP = Accumulation(1, True, True)  # no accumulation
 class DataSettings(Protocol):
     """What a Schedule reads of a run's data settings (config.DataConfig)."""
 
-    mode: str
+    mode: Mode
     batch_size: int
     workers: int
     epoch_batches: int
@@ -123,14 +123,14 @@ class DataSettings(Protocol):
 class OptimSettings(Protocol):
     """What a Schedule reads of a run's optimizer settings (config.OptimConfig)."""
 
-    opt: str
+    opt: Opt
     lr: float
     warmup_epochs: float
-    lr_schedule: str
+    lr_schedule: LrSchedule
     lr_step_epochs: int
     lr_gamma: float
     lr_end: float
-    lr_warmup_method: str
+    lr_warmup_method: WarmupMethod
     lr_warmup_decay: float
     grad_accum_steps: int
 
@@ -144,16 +144,28 @@ class RunSettings(Protocol):
 
 
 class Settings(Protocol):
-    """A run's settings as a Schedule reads them (config.Config): planning/ never imports config."""
+    """A run's settings as a Schedule reads them (config.Config): planning/ never imports config. Read-only
+    members, so that config's sections, which hold more than these, satisfy them."""
 
-    data: DataSettings
-    optim: OptimSettings
-    run: RunSettings
+    @property
+    def data(self) -> DataSettings:
+        """The data section."""
+        ...
+
+    @property
+    def optim(self) -> OptimSettings:
+        """The optimizer section."""
+        ...
+
+    @property
+    def run(self) -> RunSettings:
+        """The run section."""
+        ...
 
 
 @dataclass(frozen=True)
 class Schedule:
-    mode: str
+    mode: Mode
     train_samples: int
     train_sizes: tuple[int, ...] | None
     batch_size: int  # per rank
@@ -236,15 +248,17 @@ class Schedule:
             # No shard sizes: an even share, plus a partial batch per worker.
             return max(1, math.ceil(self.train_samples / self.global_batch)) + (self.workers or 1)
         queue = self.mode == Mode.QUEUE  # ranks take what they can: counted at an equal pace, every shard once
-        setup = plan.Setup.of(
-            self,
-            self.seed,
-            self.train_sizes,
+        setup = plan.Setup(
+            tuple(self.train_sizes),
             gpus_per_node=self.world,
+            workers=self.workers,
+            batch_size=self.batch_size,
             mode=Mode.QUEUE if queue else Mode.SPLIT,
             epoch_batches=0 if queue else self.epoch_batches_option,
             repeat=1 if queue else self.repeat,
+            seed=self.seed,
             epoch=epoch,
+            ra_reps=max(1, self.ra_reps),
         )
         return max(r.batches for r in plan.rank_plans(setup))
 

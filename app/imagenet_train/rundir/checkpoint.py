@@ -24,6 +24,7 @@ import torch
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write, free_space
+from imagenet_train.io.owned import owned_folder
 from imagenet_train.planning.position import MAX_EPOCH, Position
 from imagenet_train.weights_files import read_torch_file
 
@@ -46,8 +47,8 @@ def save(state: dict, path: Path) -> None:
     state = plain(state)
     writer = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(path, "wb", buffering=0) as raw:
+        owned_folder(path.parent)  # 0700 when made; another user's folder or link is one line
+        with atomic_write(path, "wb", buffering=0, private=True) as raw:
             writer = _Writer(raw)
             torch.save(state, writer)
     except (OSError, RuntimeError) as error:  # torch's zip writer reports a failed write as RuntimeError
@@ -200,6 +201,26 @@ def prune_steps(run_dir: str, keep: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def prune_epochs(run_dir: str, written: int, keep: int) -> list[Path]:
+    """With `keep` (--keep-checkpoints) set, remove the whole-epoch checkpoints older than the newest `keep` up to
+    epoch `written`, the one just written; never a newer one (a checkpoint this run did not write). Returns them."""
+    if keep <= 0:
+        return []
+    folder = Path(run_dir) / "checkpoints"
+    older = sorted((epoch, name) for name in _held(run_dir) if (epoch := _whole_epoch(name)) is not None)
+    older = [(epoch, name) for epoch, name in older if epoch < written]
+    gone = [folder / name for _, name in older[: max(0, len(older) - (keep - 1))]]
+    for path in gone:
+        path.unlink(missing_ok=True)
+    return gone
+
+
+def _whole_epoch(name: str) -> int | None:
+    """The epoch of a whole-epoch checkpoint's name (None for a mid-epoch one)."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match and match.group(2) is None else None
+
+
 class Stateful(Protocol):
     """Anything with torch's state-dict pair: a module, an optimizer, a grad scaler, an EMA."""
 
@@ -214,8 +235,9 @@ class RunState:
     """What a checkpoint holds of a run: its parts' state dicts (model, optimizer, scaler, and whatever a hook
     adds, such as an EMA), plain facts about the run (schedule, config), and where in the run it was taken."""
 
-    def __init__(self, run_dir: str | Path, parts: dict[str, Stateful], facts: dict[str, Any]):
+    def __init__(self, run_dir: str | Path, parts: dict[str, Stateful], facts: dict[str, Any], keep: int = 0):
         self.run_dir, self.parts, self.facts = Path(run_dir), dict(parts), facts
+        self.keep = keep  # --keep-checkpoints: whole-epoch checkpoints kept (0: all)
         self.optional: set[str] = set()
 
     def add(self, name: str, part: Stateful) -> None:
@@ -235,6 +257,8 @@ class RunState:
         path = checkpoint_path(str(self.run_dir), position.epoch if position else epoch, step)
         save(state, path)
         prune_steps(str(self.run_dir), keep=path)
+        if step is None:  # only once the new epoch checkpoint is whole under its name
+            prune_epochs(str(self.run_dir), epoch, self.keep)
         return path
 
     def restore(self, path: Path) -> tuple[int, Position | None]:

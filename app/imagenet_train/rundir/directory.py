@@ -12,6 +12,11 @@ UTF-8. Each key is written percent-encoded (its UTF-8 bytes, undecodable ones as
 key can start a line of its own or split into two keys; the resume reads only lines that are whole
 (newline-terminated) and made of a batch index and well-formed encoded keys, and ignores the rest, so a
 forged or torn line can at worst repeat samples, never skip one that was not trained.
+
+RUN_DIR must be a directory of this user that no one else may write to (made 0700 when absent; io/owned.py), as
+must every folder the run makes in it: another user who could write there could plant a link at config.json or a
+key log and have the run write through it. Records are written 0600, replaced by rename or appended without
+following a link (io/atomic.py).
 """
 
 from __future__ import annotations
@@ -19,17 +24,19 @@ from __future__ import annotations
 import re
 import urllib.parse
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 import torch
 
 from imagenet_train.config import Config, RunConfig
 from imagenet_train.datasets.source import DataSource
+from imagenet_train.io.atomic import appending, atomic_write
+from imagenet_train.io.owned import owned_folder
 from imagenet_train.planning.position import Position, consumed_spans
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.rundir.checkpoint import RunState, Stateful, resume_path, save
 from imagenet_train.rundir.results_mirror import ResultsMirror
-from imagenet_train.rundir.run_record import EpochRecords, Launch, derived
+from imagenet_train.rundir.run_record import EpochRecords, Launch, derived, startup_line
 from imagenet_train.rundir.trackers import open_tracker
 
 FINAL = "final.pt"  # RUN_DIR/final.pt: the final weights as a plain state dict
@@ -48,8 +55,8 @@ class RunDirectory:
         parts: dict[str, Stateful],
         facts: dict[str, Any],
     ):
-        self.path = Path(run.run_dir)
-        self.state = RunState(self.path, parts, facts)
+        self.path = owned_folder(run.run_dir, f"--run-dir {run.run_dir}")
+        self.state = RunState(self.path, parts, facts, run.keep_checkpoints)
         self.mirror = ResultsMirror(self.path, run.results, io_timeout, local_rank)
         self.records = EpochRecords(self.path, run.tensorboard, open_tracker(run)) if is_main else None
 
@@ -80,7 +87,9 @@ class RunDirectory:
     ) -> None:
         """Rank 0: config.json with what the run derived from its settings and launch, and the tracker's run."""
         if self.records:
-            self.records.begin(cfg.to_json(), derived(info, schedule, source, amp, epoch, cfg.data))
+            facts = derived(info, schedule, source, amp, epoch, cfg.data)
+            print(startup_line(cfg.data, facts), flush=True)
+            self.records.begin(cfg.to_json(), facts)
 
 
 # A batch index, then keys as `encode_key` writes them (unreserved ASCII and '/', or %XX escapes).
@@ -102,14 +111,20 @@ def epoch_folder(run_dir: str | Path, epoch: int) -> Path:
     return Path(run_dir) / "position" / f"epoch-{epoch:04d}"
 
 
+def run_folder(run_dir: str | Path, *names: str) -> Path:
+    """RUN_DIR/NAME/..., each level made 0700 when absent and checked to be ours (io/owned.py)."""
+    folder = Path(run_dir)
+    for name in names:
+        folder = owned_folder(folder / name)
+    return folder
+
+
 class KeyLog:
     """This rank's log of fetched batches for one segment of one epoch."""
 
     def __init__(self, run_dir: str | Path, epoch: int, rank: int, start: int):
-        folder = epoch_folder(run_dir, epoch)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"rank-{rank:04d}-from-{start:06d}.keys"
-        self.stream: TextIO = open(path, "a", encoding="ascii")  # noqa: SIM115 (open all epoch)
+        folder = run_folder(run_dir, *epoch_folder("", epoch).parts)
+        self.stream: IO[str] = appending(folder / f"rank-{rank:04d}-from-{start:06d}.keys")
 
     def fetched(self, index: int, keys: list[str]) -> None:
         """Record the sample keys of batch `index`, written out before its step runs."""
@@ -125,10 +140,10 @@ class KeyLog:
 def write_keys(run_dir: Path, split: str, epoch: int, rank: int, keys: list[str], append: bool = False) -> None:
     """Write the keys `rank` read of `split` in `epoch` to RUN_DIR/keys (the --log-keys debug record), one a line,
     percent-encoded as the key log writes them (a tar member name may hold a newline or undecodable bytes)."""
-    folder = Path(run_dir) / "keys"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{split}-epoch{epoch:04d}-rank{rank}.txt", "a" if append else "w", encoding="ascii") as stream:
-        stream.write("".join(encode_key(key) + "\n" for key in keys))
+    path = run_folder(run_dir, "keys") / f"{split}-epoch{epoch:04d}-rank{rank}.txt"
+    text = "".join(encode_key(key) + "\n" for key in keys)
+    with appending(path) if append else atomic_write(path, "w", private=True) as stream:
+        stream.write(text)
 
 
 def logged_batches(text: str) -> list[tuple[int, list[str]]]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from imagenet_train.io.owned import owned_folder
+
 
 class EpochEvents:
     """Writes an epoch's metrics record as TensorBoard scalars under RUN_DIR/tensorboard."""
@@ -28,7 +30,7 @@ class EpochEvents:
     def __init__(self, run_dir: Path) -> None:
         from tensorboardX import SummaryWriter
 
-        self.folder = Path(run_dir) / "tensorboard"
+        self.folder = owned_folder(Path(run_dir) / "tensorboard")  # 0700, ours: tensorboardX writes in it
         self.writer = SummaryWriter(str(self.folder), flush_secs=30)
 
     def write(self, record: dict, step: int) -> None:

@@ -8,7 +8,6 @@ the next sync. The end of the run waits for the mirror, bounded, and names whate
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -18,6 +17,7 @@ from imagenet_train import waiting
 from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs, transfer
+from imagenet_train.io.owned import owned_folder
 from imagenet_train.rundir.run_record import METRICS, epoch_lines, merge_fetched
 
 log = logging.getLogger(__name__)
@@ -120,12 +120,12 @@ class ResultsUploader:
 def fetch_for_resume(url: str, run_dir: str | Path, io_timeout: float = IO_TIMEOUT) -> int:
     """Bring a run's files from the bucket into the run directory before resuming; 0 when none exist.
     metrics.jsonl is merged epoch by epoch with the one already here, not replaced."""
-    os.makedirs(run_dir, exist_ok=True)
+    owned_folder(run_dir, f"--run-dir {run_dir}")
     if not gcs.listing(url.rstrip("/") + "/", io_timeout):
         return 0
     metrics = Path(run_dir) / METRICS
     local = epoch_lines(metrics)
-    fetched = transfer.sync_tree(url, str(run_dir), io_timeout=io_timeout)
+    fetched = transfer.sync_tree(url, str(run_dir), io_timeout=io_timeout, private=True)
     merge_fetched(metrics, local)
     return fetched
 

@@ -8,6 +8,7 @@ is about to train again, so a kill between the two neither loses an epoch's line
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,8 +16,9 @@ import torch
 
 from imagenet_train.config import DataConfig
 from imagenet_train.datasets.source import DataSource
-from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.atomic import atomic_write
+from imagenet_train.io.owned import owned_folder
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.rundir.events import EpochEvents
 
@@ -48,10 +50,11 @@ class Tracker(Protocol):
 def write_config(run_dir: Path, config_json: str, derived: dict[str, Any]) -> dict[str, Any]:
     """config.json: every setting as the run resolved it, plus what it derived (world size, LR, epochs...);
     returns what it wrote."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     resolved = json.loads(config_json)
     resolved["derived"] = derived
-    (run_dir / "config.json").write_text(json.dumps(resolved, indent=1) + "\n")
+    # Replaced by rename, 0600, in a folder of ours: a link planted at config.json is replaced, never written through.
+    with atomic_write(owned_folder(run_dir) / "config.json", "w", private=True) as stream:
+        stream.write(json.dumps(resolved, indent=1) + "\n")
     return resolved
 
 
@@ -81,6 +84,24 @@ def derived(
         "device": str(info.device),
         "amp": str(amp),
     }
+
+
+def startup_line(data: DataConfig, derived: dict[str, Any]) -> str:
+    """Rank 0's first line: world size, global batch, peak LR, mode and data, and the run's length in steps."""
+    where = _without_userinfo(data.shards or data.train_urls)
+    per_rank = derived["global_batch"] // max(1, derived["world_size"])
+    return (
+        f"training: world size {derived['world_size']}, global batch {derived['optimizer_batch']:,} ({per_rank:,} per "
+        f"rank), peak LR {derived['base_lr']:.6g}, mode {getattr(data.mode, 'value', data.mode)}; data {where} "
+        f"({derived['train_samples']:,} samples in {derived['train_shards']} shards, {derived['num_classes']} "
+        f"classes); {derived['epochs']} epochs of {derived['epoch_batches']:,} steps, {derived['total_batches']:,} "
+        f"in all; {derived['device']}, amp {'off' if derived['amp'] == 'None' else derived['amp']}"
+    )
+
+
+def _without_userinfo(url: str) -> str:
+    """A URL as a log may show it: user and password (a token) replaced, the text clipped."""
+    return clip(re.sub(r"(?<=://)[^/@\s]*@", "***@", url), 120)
 
 
 class EpochRecords:
@@ -145,7 +166,7 @@ def epoch_lines(path: Path) -> dict[int, bytes]:
 
 def write_lines(path: Path, lines: dict[int, bytes]) -> None:
     """Replace metrics.jsonl, in one step, with these lines in epoch order."""
-    with atomic_write(path) as stream:
+    with atomic_write(path, private=True) as stream:
         stream.write(b"".join(lines[epoch] for epoch in sorted(lines)))
 
 

@@ -278,7 +278,7 @@ class TrackerSink:
         if self.backend is None:
             self.backend = MlflowBackend() if self.tracker == Tracker.MLFLOW.value else WandbBackend(self.run_dir)
         self.run_id = self.backend.start(run_id, name, params)
-        with atomic_write(self.run_dir / TRACKER_FILE) as stream:
+        with atomic_write(self.run_dir / TRACKER_FILE, private=True) as stream:
             stream.write(json.dumps({"tracker": self.tracker, "run_id": self.run_id}).encode() + b"\n")
         shown = clip(self.run_id, 128)  # the tracker server's answer
         print(f"tracker {self.tracker}: run {shown}{' resumed' if run_id == self.run_id else ''}", flush=True)

@@ -17,7 +17,7 @@ from imagenet_train.training.batch_input import normalize
 from imagenet_train.training.dist import DistInfo, all_sum
 from imagenet_train.training.hooks import unsaved_on_stop
 from imagenet_train.training.parts import Batches, Loader
-from imagenet_train.training.progress import DataWait
+from imagenet_train.training.progress import DataWait, evaluating
 from imagenet_train.training.step import PREFIX, ModelEma, ema_scores
 
 
@@ -126,7 +126,9 @@ def evaluate_run(
 
     def scored(model: torch.nn.Module, keep_keys: bool = False) -> tuple[dict, list[str]]:
         take_rank0_buffers(model, info)
-        waited = DataWait().timed(batches.val_batches(), "waiting for a val batch")
+        waited = DataWait().timed(
+            evaluating(batches.val_batches(), "evaluating", info.is_main), "waiting for a val batch"
+        )
         return evaluate(model, val, waited, info, amp, channels_last, num_classes, keep_keys, tta)
 
     model.eval()

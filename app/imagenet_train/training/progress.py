@@ -30,6 +30,13 @@ log = logging.getLogger(__name__)
 Item = TypeVar("Item")
 
 
+def evaluating(batches: Iterable[Item], what: str, shown: bool) -> Iterable[Item]:
+    """`batches` with a progress bar while they are scored (on rank 0: `shown`); evaluation takes minutes."""
+    from tqdm import tqdm
+
+    return tqdm(batches, desc=what, unit="batch", disable=not shown, leave=False, mininterval=1.0)
+
+
 class DataWait:
     """Times a loop's waits for the next item against the loop's whole time."""
 

@@ -70,3 +70,10 @@ kueue.x-k8s.io/podset-required-topology: {{ . | quote }}
 kueue.x-k8s.io/podset-preferred-topology: {{ . | quote }}
 {{- end }}
 {{- end }}
+
+{{/* Training processes per node: launcher.nprocPerNode, else one per GPU in resources.limits, else 1 (as
+imagenet_train.deployment.nproc computes it for torchrun). */}}
+{{- define "imagenet-train.nprocPerNode" -}}
+{{- $gpus := index ((.Values.resources | default dict).limits | default dict) "nvidia.com/gpu" | default 0 | int }}
+{{- .Values.launcher.nprocPerNode | default (max 1 $gpus) | int }}
+{{- end }}

@@ -144,6 +144,18 @@ annotations:
 {{- end }}
 {{- end }}
 
+{{/* With metrics on, local rank i's metrics port, named metrics-i (the PodMonitor's endpoints). */}}
+{{- define "imagenet-train.metricsPorts" -}}
+{{- if .Values.metrics.enabled }}
+{{- $first := .Values.metrics.port | int }}
+{{- range $i := until (include "imagenet-train.nprocPerNode" . | int) }}
+- name: {{ printf "metrics-%d" $i | quote }}
+  containerPort: {{ add $first $i }}
+  protocol: TCP
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The training pod spec; `portName` names the rendezvous port. */}}
 {{- define "imagenet-train.trainPodSpec" -}}
 {{- $root := .root }}
@@ -168,6 +180,9 @@ containers:
       - name: {{ .portName | quote }}
         containerPort: {{ $root.Values.launcher.port | int }}
         protocol: TCP
+      {{- with include "imagenet-train.metricsPorts" $root | trim }}
+      {{- . | nindent 6 }}
+      {{- end }}
     resources:
       {{- toYaml $root.Values.resources | nindent 6 }}
     securityContext:
