@@ -23,6 +23,7 @@ import common  # noqa: E402
 import convert  # noqa: E402
 import decode_parts  # noqa: E402
 import epochs  # noqa: E402
+import first_batch  # noqa: E402
 import httpread  # noqa: E402
 import loader  # noqa: E402
 import pages  # noqa: E402
@@ -32,10 +33,11 @@ import startup  # noqa: E402
 from imagenet_train.datasets.convert import ShardOptions  # noqa: E402
 from imagenet_train.datasets.convert import convert as make_shards  # noqa: E402
 
-SECTIONS = ("P1_P2", "P3", "P4", "P5", "decode_parts", "epochs", "percore")
+SECTIONS = ("P1_P2", "P3", "P4", "P5", "first_batch", "decode_parts", "epochs", "percore")
 # What each section owns in docs/benchmarks.md: its table rows (by their first cell) and its own heading.
-ROW_LABELS = {"P1_P2": ("P1", "P2"), "P3": ("P3",), "P4": ("P4",), "P5": ("P5",)}
+ROW_LABELS = {"P1_P2": ("P1", "P2"), "P3": ("P3",), "P4": ("P4",), "P5": ("P5",), "first_batch": ("P7",)}
 HEADINGS = {
+    "first_batch": first_batch.HEADING,
     "epochs": "## Epoch boundary",
     "P1_P2": "## Per-image cost",
     "decode_parts": "## Why the fused decoder",
@@ -94,6 +96,9 @@ def main() -> None:
         "P3": lambda: httpread.run(shards),
         "P4": lambda: convert.run(images, work, args.workers),
         "P5": lambda: startup.run(images, work, args.workers),
+        "first_batch": lambda: first_batch.run(
+            shards, epochs.code_at(first_batch.BEFORE, work), args.workers, args.repeats
+        ),
         "decode_parts": lambda: decode_parts.run(images),
         "epochs": lambda: epochs.run(digits, shards, work, args.workers, args.before),
         "percore": lambda: per_core(work, args.images),
@@ -412,6 +417,7 @@ def section_rows(r: dict) -> dict[str, list[str]]:
         "P3": lambda x: p3_rows(x),
         "P4": lambda x: p4_rows(x, r["P1_P2"]["workers"] if "P1_P2" in r else 2),
         "P5": lambda x: p5_rows(x, r["P1_P2"]["workers"] if "P1_P2" in r else 2),
+        "first_batch": first_batch.rows,
     }
     return {name: build(r[name]) for name, build in builders.items() if name in r}
 
@@ -420,6 +426,7 @@ def section_blocks(r: dict) -> dict[str, list[str]]:
     """The `## ` blocks of each section measured in `r`."""
     builders = {
         "P1_P2": per_image_block,
+        "first_batch": lambda x: first_batch.block(x, r["machine"]),
         "decode_parts": decode_parts_block,
         "epochs": lambda x: epochs_block(x, r["machine"]),
         "percore": lambda x: percore_table.block(x, r["machine"], p6_ceiling()),
@@ -468,8 +475,10 @@ def update(old: str, r: dict, args) -> str:
             lines += rows[name]
             placed.add(name)
     missing = [row for name in ROW_LABELS if name in rows and name not in placed for row in rows[name]]
-    if missing:
-        at = max(i for i, line in enumerate(lines) if line.startswith("| P")) + 1
+    if missing:  # after the last row of the page's first table (later tables have rows named P6 too)
+        at = lines.index(TABLE_HEAD[1]) + 1
+        while at < len(lines) and lines[at].startswith("| "):
+            at += 1
         lines[at:at] = missing
     text = "\n".join(lines)
     for name, block in blocks.items():

@@ -27,6 +27,7 @@ from imagenet_train.loading.stages import (
 )
 from imagenet_train.loading.workers import (
     main_script_hidden,
+    start_worker_server,
     stop_workers,
     track_workers,
     worker_context,
@@ -193,6 +194,8 @@ class EpochLoader:
         self.pin_memory, self.timeout, self.persistent = pin_memory, timeout, persistent and self.workers > 0
         self.state: EpochStateFile | None = None  # made on the first epoch, removed by close()
         self.loader: DataLoader | None = None
+        if self.workers:
+            start_worker_server()  # its imports run while the caller goes on to its first epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Read `epoch` next (its order, draws and crop size), with this loader's other epoch settings unchanged."""

@@ -15,12 +15,18 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 # What the forkserver imports once, before it forks any worker. The first two only set up the forkserver
-# itself (signal dispositions, death with its rank); the epoch stream pulls in torch and the stages, so a
-# worker starts with them already imported and only unpickles its ShardStream.
+# itself (signal dispositions, death with its rank); the epoch stream pulls in torch and the stages, the decoders
+# and augmentation (presets: torchvision, simplejpeg, PIL) and the worker's log redaction are what unpickling a
+# ShardStream and worker_init import. Left to each worker, those imports were more than half of a cold epoch's
+# first batch (bench/first_batch.py, 2 workers on 2 cores); preloaded, a worker starts with them imported.
 FORKSERVER_PRELOAD = [
     "imagenet_train.loading.loader_signals",
     "imagenet_train.loading.forkserver_dies_with_rank",
     "imagenet_train.loading.stream",
+    "imagenet_train.loading.presets",
+    "imagenet_train.loading.fused_decoder",
+    "imagenet_train.loading.dali",
+    "imagenet_train.redact",
 ]
 
 
@@ -44,6 +50,19 @@ def worker_context() -> multiprocessing.context.BaseContext:
 
 _preloaded: list = []
 _started: weakref.WeakSet = weakref.WeakSet()  # every DataLoader worker process this process started
+
+
+def start_worker_server() -> None:
+    """Start the workers' forkserver now, so its imports (torch, torchvision: about a second) overlap whatever this
+    process does next, such as building the model, instead of delaying the first batch.
+
+    The forkserver is a fresh interpreter (fork and exec), so starting it early forks nothing that holds threads.
+    """
+    from multiprocessing import forkserver
+
+    worker_context()
+    with main_script_hidden():  # the forkserver would import the main script with its preloads
+        forkserver.ensure_running()
 
 
 def start_resource_tracker() -> None:

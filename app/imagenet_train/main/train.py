@@ -16,6 +16,7 @@ from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.batches import RunBatches
+from imagenet_train.loading.workers import start_worker_server
 from imagenet_train.planning.plan import preflight_check
 from imagenet_train.rundir.checkpoint import latest
 from imagenet_train.rundir.directory import RunDirectory
@@ -74,6 +75,8 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest, beat: Heart
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)  # before the model: a plan that hangs
         if info.is_main and info.device.type == "cpu" and (advice := cpu_advice(cfg.data.batch_size, cfg.data.workers)):
             log.warning("pre-flight: %s", advice)
+        if cfg.data.workers:
+            start_worker_server()  # the workers' forkserver does its imports while the model is built
         with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
             # DDP's constructor broadcasts: a peer can be lost here
             trainer = Trainer(cfg, info, source, parts, request)
