@@ -3,7 +3,13 @@ checkpoints, with --resume latest continuing from the newest and pruning again."
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import cli, read_metrics
+
+# Two real runs (minutes on a loaded 2-core machine): make faults runs it; tests/unit/test_keep_checkpoints.py checks
+# the pruning rule in make test.
+pytestmark = pytest.mark.slow
 
 # No val shards: the run trains and checkpoints only (evaluation would take most of the time on a loaded machine).
 TINY = ["--arch", "resnet18", "--image-size", "16", "--epoch-batches", "1", "--batch-size", "8", "--workers", "1"]

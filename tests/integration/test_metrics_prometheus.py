@@ -24,7 +24,12 @@ PROMETHEUS = shutil.which("prometheus")
 DASHBOARD = REPO / "helm" / "imagenet-train" / "files" / "dashboard.json"
 WAIT_S = 300  # a loaded 2-core machine: torchrun start-up, a few epochs, 1 s scrapes
 
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (make system-deps installs it)")
+# A torchrun run scraped until every query answers (about a minute): make faults runs it; tests/unit/test_run_metrics.py
+# checks the series themselves in make test.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (make system-deps installs it)"),
+]
 
 
 def free_port_pair() -> int:

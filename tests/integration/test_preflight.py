@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import SMALL_TRAIN
 
 
@@ -63,6 +65,7 @@ def test_preflight_passes_on_two_cpu_ranks_and_records_every_ranks_checks(digit_
         assert checks["index"]["ok"] and "train shards" in checks["index"]["detail"]
 
 
+@pytest.mark.slow  # a 2-rank torchrun each; make faults runs them, make test the passing preflight
 def test_a_bandwidth_floor_no_link_reaches_names_every_rank_and_host_once_and_exits_3(digit_shards, tmp_path):
     run_dir = tmp_path / "run"
     floor = ["--preflight-min-busbw", "100000"]  # 100 TB/s: no interconnect, let alone loopback gloo
@@ -80,6 +83,7 @@ def test_a_bandwidth_floor_no_link_reaches_names_every_rank_and_host_once_and_ex
     assert json.loads((run_dir / "preflight.json").read_text())["verdict"] == "failed"
 
 
+@pytest.mark.slow  # a 2-rank torchrun each; make faults runs them, make test the passing preflight
 def test_train_with_preflight_stops_before_training_when_the_index_does_not_answer(tmp_path):
     run_dir = tmp_path / "run"
     args = [*SMALL_TRAIN, "--shards", dead_url(), "--run-dir", str(run_dir), "--preflight", "--io-timeout", "3"]
