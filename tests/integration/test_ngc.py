@@ -79,8 +79,8 @@ def test_single_node_job_reads_a_mounted_dataset(tmp_path):
         "--instance",
         "dgxa100.80g.8.norm",
         "--commandline",
-        "imagenet-train launch --nproc-per-node 8 -- train --resume latest --preflight --shards /mnt/imagenet/shards.json "
-        "--run-dir /results",
+        "imagenet-train launch --nproc-per-node 8 -- train --resume latest --preflight "
+        "--shards /mnt/imagenet/shards.json --run-dir /results",
         "--result",
         "/results",
         "--total-runtime",
