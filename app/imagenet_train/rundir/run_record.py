@@ -8,7 +8,6 @@ is about to train again, so a kill between the two neither loses an epoch's line
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,6 +19,7 @@ from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.atomic import atomic_write
 from imagenet_train.io.owned import owned_folder
 from imagenet_train.planning.schedule import Schedule
+from imagenet_train.redact import redact
 from imagenet_train.rundir.events import EpochEvents
 
 METRICS = "metrics.jsonl"
@@ -88,7 +88,7 @@ def derived(
 
 def startup_line(data: DataConfig, derived: dict[str, Any]) -> str:
     """Rank 0's first line: world size, global batch, peak LR, mode and data, and the run's length in steps."""
-    where = _without_userinfo(data.shards or data.train_urls)
+    where = clip(redact(data.shards or data.train_urls), 120)  # the one redaction: user info and signed values
     per_rank = derived["global_batch"] // max(1, derived["world_size"])
     return (
         f"training: world size {derived['world_size']}, global batch {derived['optimizer_batch']:,} ({per_rank:,} per "
@@ -97,11 +97,6 @@ def startup_line(data: DataConfig, derived: dict[str, Any]) -> str:
         f"classes); {derived['epochs']} epochs of {derived['epoch_batches']:,} steps, {derived['total_batches']:,} "
         f"in all; {derived['device']}, amp {'off' if derived['amp'] == 'None' else derived['amp']}"
     )
-
-
-def _without_userinfo(url: str) -> str:
-    """A URL as a log may show it: user and password (a token) replaced, the text clipped."""
-    return clip(re.sub(r"(?<=://)[^/@\s]*@", "***@", url), 120)
 
 
 class EpochRecords:
