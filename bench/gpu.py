@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from imagenet_train.choices import CompileMode
 from imagenet_train.config import Config
 from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import resolve_source
@@ -30,6 +31,7 @@ def trainer_for(args: argparse.Namespace, batches: int) -> Trainer:
     cfg.data.decoder, cfg.data.epoch_batches, cfg.data.num_classes = args.decoder, batches, 1000
     cfg.data.train_crop_size = args.crop_size
     cfg.run.arch, cfg.run.amp, cfg.run.compile = "resnet50", "bf16", args.compile
+    cfg.run.compile_mode, cfg.optim.fused_optimizer = CompileMode(args.compile_mode), args.fused_optimizer
     cfg.run.run_dir = tempfile.mkdtemp(prefix="bench-gpu-")
     info = DistInfo(rank=0, world=1, local_rank=0, device=torch.device("cuda", 0))
     torch.cuda.set_device(0)
@@ -69,6 +71,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--crop-size", type=int, default=224, help="train crop size (P6 runs 160, 192 and 224)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--compile-mode", default="default", choices=[str(mode) for mode in CompileMode])
+    parser.add_argument("--fused-optimizer", action="store_true", help="SGD as one fused kernel")
     parser.add_argument("--decoder", default="simplejpeg")
     parser.add_argument("--synthetic", action="store_true", help="also time a fixed batch on the GPU (the ceiling)")
     parser.add_argument("--sync-check", action="store_true", help="fail on any host-device sync in the timed steps")
@@ -78,6 +82,7 @@ def main() -> None:
         return
     trainer = trainer_for(args, args.warmup + args.steps)
     result = {"device": torch.cuda.get_device_name(), "batch": args.batch_size, "compile": args.compile}
+    result.update(compile_mode=args.compile_mode, fused_optimizer=args.fused_optimizer)
     result["crop_size"] = args.crop_size
     if args.synthetic:
         images = torch.randint(

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,6 +30,7 @@ HEADING = "## make gpu-check"
 REPO = Path(__file__).resolve().parents[1]
 P6_SIZES = (160, 192, 224)
 TIMEOUT_S = 300  # one training run; the whole check aims at 10 minutes
+DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # dataset-fashion-mnist's idx files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,10 +255,72 @@ def p6(args: argparse.Namespace, data: Path) -> dict:
     return found
 
 
+def step_variants(args: argparse.Namespace, data: Path) -> dict:
+    """bench/gpu_step.py: P6's step eager, with fused SGD, compiled and as a CUDA graph, with their loss curves."""
+    out = args.workdir / "step.json"
+    out.unlink(missing_ok=True)
+    command = [sys.executable, str(Path(__file__).with_name("gpu_step.py")), "--shards", str(data), "--out", str(out)]
+    command += ["--workers", str(args.workers), "--budget-s", str(args.step_budget_s), "--variants", *args.variants]
+    process = run(command, environment(args), timeout=args.step_budget_s + 300)
+    found = json.loads(out.read_text()) if out.exists() else {"variants": []}
+    if process.returncode != 0:
+        found["error"] = failure(process, "bench/gpu_step.py")["error"]
+    return found
+
+
+def time_to_accuracy(args: argparse.Namespace) -> dict:
+    """Fashion-MNIST's 60,000 train images through the whole path: written as JPEGs and sharded (timed), served by
+    nginx, trained by torchrun (one process on this GPU) with recipes/small-images.yaml; top-1 on the test set."""
+    from mechanisms import RECIPE, train
+    from small_images import data as fashion_shards
+
+    from imagenet_train.config_files import load_settings
+    from imagenet_train.ops.serve import NginxServer
+
+    work = args.tta_workdir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    shards = fashion_shards(work, str(args.fashion_mnist), args.tta_train_size)
+    prepared = time.monotonic() - started
+    for folder in (work, *work.rglob("*")):  # nginx started as root serves as `nobody`: our own bench data only
+        folder.chmod(0o755 if folder.is_dir() else 0o644)
+    epochs = load_settings(RECIPE)["epochs"]
+    options = argparse.Namespace(nproc=1, recipe=str(RECIPE), epochs=epochs, extra=["--workers", str(args.workers)])
+    run_dir = work / "runs" / f"seed0-{int(time.time())}"
+    with NginxServer(str(shards)) as server:
+        ran = train(f"{server.url}/shards.json", run_dir, options, 0, [])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "ok": len(records) == epochs,
+        "epochs": epochs,
+        "train_images": args.tta_train_size or 60_000,
+        "prepare_s": round(prepared, 1),
+        "training_s": round(sum(record["epoch_time_s"] for record in records), 1),
+        "run_s": ran["seconds"],
+        "top1_by_epoch": [record.get("top1") for record in records],
+        "top1": ran["top1"],
+        "device": args.device,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def guarded(part: Callable[[argparse.Namespace], dict], args: argparse.Namespace) -> dict:
+    """A part's figures, or its one-line failure: the parts after it still run."""
+    try:
+        return part(args)
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - any failure is this part's row, not the check's end
+        return {
+            "ok": False,
+            "error": f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}",
+        }
+
+
 def skipped_without_cuda() -> list[str]:
     """What the check would have run, for the message on a machine without CUDA."""
     return ["the CUDA tests (pytest -m cuda)", *(f"{name}: {check.title}" for name, check in CHECKS.items())] + [
-        f"P6 (bench/gpu.py) at {', '.join(map(str, P6_SIZES))} px"
+        f"P6 (bench/gpu.py) at {', '.join(map(str, P6_SIZES))} px",
+        "the step variants (bench/gpu_step.py): eager, fused SGD, compiled, CUDA graphs, with their loss curves",
+        "time to accuracy: Fashion-MNIST through shards, nginx and training with recipes/small-images.yaml",
     ]
 
 
@@ -305,7 +369,59 @@ def section(report: dict) -> list[str]:
             synthetic = found.get("synthetic", {}).get("img_s", found.get("error", ""))
             shards_rate = real.get("img_s", real.get("error", ""))
             lines.append(f"| {size} px | {synthetic} | {shards_rate} | {real.get('data_wait', '')} |")
-    return [*lines, ""]
+    return [*lines, *step_section(report.get("step")), *tta_section(report.get("tta")), ""]
+
+
+CURVE_POINTS = (0, 9, 19, 39)  # steps of the loss curve shown (0-based); the raw file has every step
+
+
+def step_section(found: dict | None) -> list[str]:
+    """The step variants' rows: img/s on a fixed batch and on the shards, and the loss curve against eager's."""
+    if not found:
+        return []
+    variants = found.get("variants", [])
+    eager = next((v for v in variants if v.get("variant") == "eager"), {})
+    shown = [point for point in CURVE_POINTS if point < len(eager.get("losses", []))]
+    lines = [
+        "",
+        "| step variant | batch | fixed batch (img/s) | real shards (img/s) | data wait | vs eager | seconds "
+        f"| sync check | loss at steps {', '.join(str(point + 1) for point in shown)} | largest loss gap to eager |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *(step_row(variant, eager, shown) for variant in variants),
+    ]
+    return [*lines, "", f"bench/gpu_step.py: {found['error']}"] if found.get("error") else lines
+
+
+def step_row(variant: dict, eager: dict, shown: list[int]) -> str:
+    """One variant's row of the step table."""
+    if "skipped" in variant:
+        return f"| {variant['variant']} | skipped: {variant['skipped']} |  |  |  |  |  |  |  |  |"
+    fixed, real, losses = variant.get("fixed", {}), variant.get("shards", {}), variant.get("losses", [])
+    base, reference = eager.get("shards", {}).get("img_s"), eager.get("losses", [])
+    ratio = f"{real['img_s'] / base:.2f}x" if base and real.get("img_s") else ""
+    gaps = [abs(a - b) for a, b in zip(losses, reference, strict=False)]
+    cells = [variant["title"], variant["batch"], fixed.get("img_s", ""), real.get("img_s", "")]
+    cells += [real.get("data_wait", ""), ratio, variant.get("seconds", ""), fixed.get("sync_check", "")]
+    cells += [" / ".join(f"{losses[point]:.4f}" for point in shown) if losses else ""]
+    cells += [f"{max(gaps):.4f}" if gaps else ""]
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def tta_section(found: dict | None) -> list[str]:
+    """The time-to-accuracy row: Fashion-MNIST through shards, nginx and training on this GPU."""
+    if not found:
+        return []
+    if "error" in found:
+        return ["", f"Time to accuracy (Fashion-MNIST): **failed**: {found['error']}"]
+    by_epoch = ", ".join(f"{top1:.4f}" for top1 in found["top1_by_epoch"] if top1 is not None)
+    return [
+        "",
+        "| time to accuracy | JPEGs and shards | training | run (torchrun to exit) | test top-1 | top-1 by epoch |",
+        "|---|---|---|---|---|---|",
+        f"| Fashion-MNIST, {found['train_images']:,} train images, recipes/small-images.yaml, "
+        f"{found['epochs']} epochs, 1 {'GPU' if found.get('device', 'cuda') == 'cuda' else 'CPU process'} | "
+        f"{found['prepare_s']} s | {found['training_s']} s | {found['run_s']} s | {found['top1']:.4f} | {by_epoch} |",
+    ]
 
 
 def write_page(out: Path, report: dict) -> None:
@@ -319,7 +435,7 @@ def write_page(out: Path, report: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: run the checks without a GPU")
-    parser.add_argument("--checks", nargs="+", choices=list(CHECKS), default=list(CHECKS))
+    parser.add_argument("--checks", nargs="*", choices=list(CHECKS), default=list(CHECKS))
     parser.add_argument("--steps", type=int, default=240, help="training steps of each check (3 epochs)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
@@ -331,6 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="page to write (- : none)")
     parser.add_argument("--no-tests", action="store_true", help="leave out the CUDA tests")
     parser.add_argument("--no-p6", action="store_true", help="leave out P6")
+    parser.add_argument("--no-step", action="store_true", help="leave out the step variants (bench/gpu_step.py)")
+    parser.add_argument("--variants", nargs="+", default=["eager", "fused", "compile", "cudagraphs"])
+    parser.add_argument("--step-budget-s", type=float, default=240, help="start no step variant after this")
+    parser.add_argument("--no-tta", action="store_true", help="leave out the time to accuracy on Fashion-MNIST")
+    parser.add_argument("--fashion-mnist", type=Path, default=Path(DEBIAN_FASHION_MNIST), help="its idx files")
+    parser.add_argument("--tta-train-size", type=int, default=0, help="train images (0: all 60,000)")
+    parser.add_argument("--tta-workdir", type=Path, default=Path("bench/.work/gpu-tta"))
+    parser.add_argument("--merge", type=Path, help="a results.json whose parts this run does not measure are kept")
     given = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(given)
     import torch
@@ -368,8 +492,15 @@ def main(argv: list[str] | None = None) -> int:
         "checks": checks,
         "left_out": [name for name in CHECKS if name not in args.checks],
         "p6": {} if args.no_p6 else p6(args, data),
+        "step": None if args.no_step else step_variants(args, data),
+        "tta": None if args.no_tta else guarded(time_to_accuracy, args),
         "results": str(args.workdir / "results.json"),
     }
+    if args.merge and args.merge.exists():  # an earlier run's parts where this one measured none
+        earlier = json.loads(args.merge.read_text())
+        for part in ("checks", "p6", "step", "tta"):
+            report[part] = report[part] or earlier.get(part)
+        report["command"] += f" (with {earlier['command']}'s parts)"
     report["seconds"] = time.monotonic() - began
     (args.workdir / "results.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     if str(args.out) != "-":
@@ -377,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = [name for name, found in checks.items() if not found.get("ok")]
     passed = len(checks) - len(failed)
     failed += [f"P6 at {size} px" for size, found in report["p6"].items() if "error" in found]
+    failed += ["step variants"] if (report["step"] or {}).get("error") else []
+    failed += ["time to accuracy"] if report["tta"] and not report["tta"].get("ok") else []
     print(
         f"gpu-check: {passed} of {len(checks)} checks passed in {report['seconds']:.0f} s"
         + (f"; failed: {', '.join(failed)}" if failed else ""),

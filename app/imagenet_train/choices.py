@@ -19,6 +19,23 @@ class Amp(str, Enum):
         return self.value
 
 
+class CompileMode(str, Enum):
+    """torch.compile's mode under --compile (the value is the --compile-mode word and torch's own name)."""
+
+    DEFAULT = "default"  # fused kernels (BatchNorm, ReLU and the adds around them), the launches as in eager
+    REDUCE_OVERHEAD = "reduce-overhead"  # the same kernels replayed as a CUDA graph: one launch per step
+    MAX_AUTOTUNE = "max-autotune"  # kernel configurations searched at compile time (minutes), and CUDA graphs
+    MAX_AUTOTUNE_NO_CUDAGRAPHS = "max-autotune-no-cudagraphs"
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether torch replays the compiled step as a CUDA graph in this mode."""
+        return self in (CompileMode.REDUCE_OVERHEAD, CompileMode.MAX_AUTOTUNE)
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class WeightsHead(str, Enum):
     """What --weights does with a classifier head sized for another number of classes (the --weights-head word)."""
 
@@ -88,6 +105,7 @@ class Opt(str, Enum):
 
 MOMENTUM_OPTS = (Opt.SGD, Opt.LARS)  # the ones --momentum and --nesterov apply to
 TIMM_OPTS = (Opt.LAMB, Opt.LARS)  # the ones that need the [timm] extra
+FUSED_OPTS = (Opt.SGD, Opt.ADAMW)  # the ones torch can run as one fused kernel (--fused-optimizer)
 
 
 class LrSchedule(str, Enum):

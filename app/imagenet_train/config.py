@@ -19,6 +19,7 @@ from imagenet_train.choices import (
     Amp,
     AutoAugment,
     BrokenShardPolicy,
+    CompileMode,
     Decoder,
     Interpolation,
     Loss,
@@ -268,6 +269,11 @@ class OptimConfig:
     )
     momentum: float = setting(0.9, "momentum of sgd and lars", minimum=0, maximum=1)
     nesterov: bool = setting(False, "Nesterov momentum (sgd and lars)")
+    fused_optimizer: bool = setting(
+        False,
+        "sgd and adamw's update as one fused kernel over every parameter (torch's fused=True), in place of torch's "
+        "default on CUDA, a loop of multi-tensor kernels (foreach); the same update to rounding",
+    )
     weight_decay: float = setting(
         1e-4,
         "weight decay of the weights; biases, norms and transformer embeddings take --bias-weight-decay, "
@@ -433,6 +439,13 @@ class RunConfig:
         False,
         "torch.compile the model (first steps compile; not applied in split/queue mode across ranks, where "
         "Join shadows DDP's collectives)",
+    )
+    compile_mode: CompileMode = setting(
+        CompileMode.DEFAULT,
+        "torch.compile's mode under --compile: default (fused kernels), reduce-overhead (the fixed-size step "
+        "replayed as a CUDA graph: fewer launches, more memory), max-autotune (kernel configurations searched "
+        "while compiling, minutes, and CUDA graphs) or max-autotune-no-cudagraphs",
+        choices=CompileMode,
     )
     seed: int = setting(SEED, "seed for weights, shard order and augmentation", minimum=0, maximum=2**63 - 1)
     run_dir: str = setting("runs/latest", "directory for config.json, metrics.jsonl and checkpoints")

@@ -4,7 +4,18 @@ planner's verdict with the data's shard sizes and the world is planning/plan.py'
 
 from __future__ import annotations
 
-from imagenet_train.choices import AUTO_WARMUP, MOMENTUM_OPTS, TIMM_OPTS, Decoder, Loss, Mode, Opt, WarmupMethod
+from imagenet_train.choices import (
+    AUTO_WARMUP,
+    FUSED_OPTS,
+    MOMENTUM_OPTS,
+    TIMM_OPTS,
+    CompileMode,
+    Decoder,
+    Loss,
+    Mode,
+    Opt,
+    WarmupMethod,
+)
 from imagenet_train.config import Config, DataConfig
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.rundir.trackers import check_installed
@@ -49,7 +60,18 @@ def check_combinations(cfg: Config) -> None:
             "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
         )
     _check_collective_timeout(cfg)
+    _check_step_kernels(cfg)
     check_installed(cfg.run.tracker)
+
+
+def _check_step_kernels(cfg: Config) -> None:
+    """--compile-mode needs --compile; --fused-optimizer needs an optimizer torch fuses."""
+    mode, opt = CompileMode(cfg.run.compile_mode), Opt(cfg.optim.opt)
+    if mode != CompileMode.DEFAULT and not cfg.run.compile:
+        raise ImagenetTrainError(f"--compile-mode {mode}: applies under --compile; add --compile or drop it")
+    if cfg.optim.fused_optimizer and opt not in FUSED_OPTS:
+        fused = " or ".join(str(name) for name in FUSED_OPTS)
+        raise ImagenetTrainError(f"--fused-optimizer: torch fuses --opt {fused}, not --opt {opt}; drop it")
 
 
 def _check_collective_timeout(cfg: Config) -> None:

@@ -36,7 +36,8 @@ def test_without_cuda_it_exits_0_and_names_everything_it_skipped(tmp_path):
     result = gpu_check("--out", str(page), "--workdir", str(tmp_path / "work"))
     assert result.returncode == 0, result.stderr
     assert "no CUDA device here; skipped:" in result.stdout
-    for name in [*CHECKS, "pytest -m cuda", "P6 (bench/gpu.py) at 160, 192, 224 px"]:
+    parts = ["pytest -m cuda", "P6 (bench/gpu.py) at 160, 192, 224 px", "bench/gpu_step.py", "Fashion-MNIST"]
+    for name in [*CHECKS, *parts]:
         assert name in result.stdout
     assert not page.exists() and not (tmp_path / "work").exists()  # nothing measured, nothing written
 
@@ -47,7 +48,7 @@ def test_its_step_runner_stops_on_sigterm_resumes_and_evaluates_on_cpu(tmp_path)
     work = tmp_path / "work"
     result = gpu_check(
         *("--device", "cpu", "--checks", "sigterm-resume", "evaluate", "--steps", "9", "--batch-size", "4"),
-        *("--short-side", "48", "--crop", "32", "--workers", "1", "--no-p6", "--no-tests"),
+        *("--short-side", "48", "--crop", "32", "--workers", "1", "--no-p6", "--no-tests", "--no-step", "--no-tta"),
         *("--out", str(page), "--workdir", str(work)),
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -102,3 +103,18 @@ def test_the_cuda_tests_collected_from_the_modules_that_mark_one_are_every_cuda_
     assert 0 < len(files) < len(list((REPO / "tests").rglob("test_*.py")))
     whole = cuda_ids("tests")
     assert whole and cuda_ids(*files) == whole
+
+
+def test_the_step_table_compares_each_variant_with_eager_and_says_what_was_skipped():
+    script = script_module()
+    eager = {"variant": "eager", "title": "eager", "batch": 256, "losses": [7.0, 6.9] + [6.5] * 38}
+    eager |= {"fixed": {"img_s": 5000.0, "sync_check": "passed"}, "shards": {"img_s": 4000.0, "data_wait": 0.01}}
+    graphs = {"variant": "cudagraphs", "title": "graphs", "batch": 256, "losses": [7.0, 6.95] + [6.5] * 38}
+    graphs |= {"fixed": {"img_s": 7000.0, "sync_check": "passed"}, "shards": {"img_s": 6000.0, "data_wait": 0.02}}
+    skipped = {"variant": "autotune", "skipped": "past --budget-s 240"}
+    lines = script.step_section({"variants": [eager, graphs, skipped]})
+    assert "loss at steps 1, 10, 20, 40" in lines[1]
+    assert lines[4].startswith("| graphs | 256 | 7000.0 | 6000.0 | 0.02 | 1.50x |") and lines[4].endswith("| 0.0500 |")
+    assert lines[5] == "| autotune | skipped: past --budget-s 240 |  |  |  |  |  |  |  |  |"
+    assert script.step_section(None) == [] and script.tta_section(None) == []
+    assert "**failed**: nginx" in script.tta_section({"ok": False, "error": "nginx: not installed"})[1]

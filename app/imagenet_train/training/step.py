@@ -19,7 +19,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from imagenet_train.choices import Amp, Loss, Opt
+from imagenet_train.choices import Amp, CompileMode, Loss, Opt
 from imagenet_train.compat import ensure_torchvision, require_timm
 from imagenet_train.config import Config, OptimConfig
 from imagenet_train.errors import ImagenetTrainError
@@ -141,9 +141,19 @@ class CompiledForward:
     (at most two per loader worker and epoch, in split and queue modes: batching.batched's tail), so it compiles
     nothing."""
 
-    def __init__(self, module: torch.nn.Module, batch_size: int, sizes: int, backend: str | Callable = "inductor"):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        batch_size: int,
+        sizes: int,
+        backend: str | Callable = "inductor",
+        mode: CompileMode = CompileMode.DEFAULT,
+    ):
         self.module, self.batch_size = module, batch_size
-        self.compiled = torch.compile(module, dynamic=False, backend=backend)
+        # torch's modes are inductor's: another backend (the tests' counting one) takes none.
+        named = str(mode) if backend == "inductor" and mode != CompileMode.DEFAULT else None
+        self.compiled = torch.compile(module, dynamic=False, backend=backend, mode=named)
+        self.cuda_graphs = mode.cuda_graphs and backend == "inductor"
         # Compiled graphs are cached per code object up to this limit (8 by default); past it torch silently
         # runs the model uncompiled. One entry per crop size, and one spare for a change of grad mode.
         config = torch._dynamo.config
@@ -151,7 +161,12 @@ class CompiledForward:
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """The module's output; compiled for a full batch."""
-        return (self.compiled if len(images) == self.batch_size else self.module)(images)
+        if len(images) != self.batch_size:
+            return self.module(images)
+        if self.cuda_graphs:
+            # Each call is a new step: the graph's outputs of the last one may be overwritten (the step keeps none).
+            torch.compiler.cudagraph_mark_step_begin()
+        return self.compiled(images)
 
 
 def distribute(
@@ -163,6 +178,7 @@ def distribute(
     batch_size: int = 0,
     crops: CropSchedule | None = None,
     sync_bn: bool = False,
+    compile_mode: CompileMode = CompileMode.DEFAULT,
 ) -> tuple[torch.nn.Module, torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """The model on this rank's device (with SyncBatchNorm under `sync_bn`), its DDP wrapper (the model itself on
     one process) and what the step calls (the wrapper, compiled under --compile unless `joined`: Join shadows
@@ -181,7 +197,8 @@ def distribute(
         return model, ddp, ddp
     if not compile_model:
         return model, ddp, ddp
-    return model, ddp, CompiledForward(ddp, batch_size, crop_size_count(crops or CropSchedule(0)), COMPILE_BACKEND)
+    sizes = crop_size_count(crops or CropSchedule(0))
+    return model, ddp, CompiledForward(ddp, batch_size, sizes, COMPILE_BACKEND, CompileMode(compile_mode))
 
 
 class TrainStep:
@@ -325,10 +342,12 @@ def build_optimizer(optim_cfg: OptimConfig, model: torch.nn.Module, lr: float) -
     """The --opt optimizer over `model`'s parameters at `lr`."""
     opt = Opt(optim_cfg.opt)
     groups = parameter_groups(model, Decays.of(optim_cfg))
+    # None leaves torch its default (foreach on CUDA); fused is refused for the others by config_checks.
+    fused = True if optim_cfg.fused_optimizer else None
     if opt is Opt.SGD:
-        return torch.optim.SGD(groups, lr=lr, momentum=optim_cfg.momentum, nesterov=optim_cfg.nesterov)
+        return torch.optim.SGD(groups, lr=lr, momentum=optim_cfg.momentum, nesterov=optim_cfg.nesterov, fused=fused)
     if opt is Opt.ADAMW:
-        return torch.optim.AdamW(groups, lr=lr)
+        return torch.optim.AdamW(groups, lr=lr, fused=fused)
     require_timm(f"--opt {opt}")
     from timm.optim import Lamb, Lars
 
@@ -368,7 +387,7 @@ def build(cfg: Config, info: DistInfo, num_classes: int, schedule: Schedule) -> 
     model = models.create(run, num_classes, info.is_main)
     crops = CropSchedule.of(data)
     model, ddp, forward = distribute(
-        model, info, channels_last, run.compile, schedule.exact, data.batch_size, crops, run.sync_bn
+        model, info, channels_last, run.compile, schedule.exact, data.batch_size, crops, run.sync_bn, run.compile_mode
     )
     optimizer = build_optimizer(optim, model, schedule.base_lr)
     return TrainStep(
