@@ -500,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         earlier = json.loads(args.merge.read_text())
         for part in ("checks", "p6", "step", "tta"):
             report[part] = report[part] or earlier.get(part)
+        if not checks:  # the checks are the earlier run's, and so is what it left out
+            report["left_out"] = earlier.get("left_out", [])
         report["command"] += f" (with {earlier['command']}'s parts)"
     report["seconds"] = time.monotonic() - began
     (args.workdir / "results.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
