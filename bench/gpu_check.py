@@ -432,6 +432,48 @@ def write_page(out: Path, report: dict) -> None:
     out.write_text("\n".join([*head, "", *kept, *section(report)]).rstrip("\n") + "\n")
 
 
+def run_checks(args: argparse.Namespace, data: Path) -> dict[str, dict]:
+    """The CUDA tests and each mechanism's check, each printed as it ends."""
+    checks: dict[str, dict] = {}
+    if not args.no_tests:
+        checks["cuda-tests"] = cuda_tests(args)
+        print(f"gpu-check: cuda-tests: {json.dumps(checks['cuda-tests'])}", flush=True)
+    for name in args.checks:
+        print(f"gpu-check: {name}: {CHECKS[name].title}", flush=True)
+        if name == "sigterm-resume":
+            checks[name] = sigterm_resume(args, data)
+        elif name == "evaluate":
+            checks[name] = evaluate_check(args, data)
+        else:
+            checks[name] = train_check(args, data, name)
+        print(f"gpu-check: {name}: {json.dumps(checks[name])}", flush=True)
+    return checks
+
+
+def run_parts(args: argparse.Namespace, data: Path, report: dict) -> None:
+    """P6, the step variants and the time to accuracy, each printed and saved as it ends: a lease that runs out
+    keeps the parts before it."""
+    parts: dict[str, Callable[[], dict]] = {
+        "p6": lambda: p6(args, data),
+        "step": lambda: step_variants(args, data),
+        "tta": lambda: guarded(time_to_accuracy, args),
+    }
+    for part, measured in parts.items():
+        if not getattr(args, f"no_{part}"):
+            report[part] = measured()
+            print(f"gpu-check: {part}: {json.dumps(report[part])}", flush=True)
+            (args.workdir / "results.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+
+def merge(report: dict, earlier: dict) -> None:
+    """An earlier run's parts where this one measured none (and, with its checks, what it left out)."""
+    if not report["checks"]:
+        report["left_out"] = earlier.get("left_out", [])
+    for part in ("checks", "p6", "step", "tta"):
+        report[part] = report[part] or earlier.get(part)
+    report["command"] += f" (with {earlier['command']}'s parts)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: run the checks without a GPU")
@@ -467,18 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     images = (args.steps // 3) * args.batch_size  # an epoch is one pass over them, whichever clock a ramp counts
     data = shards(args.workdir, images, 2 * args.batch_size, args.short_side or None)
-    checks: dict[str, dict] = {}
-    if not args.no_tests:
-        checks["cuda-tests"] = cuda_tests(args)
-    for name in args.checks:
-        print(f"gpu-check: {name}: {CHECKS[name].title}", flush=True)
-        if name == "sigterm-resume":
-            checks[name] = sigterm_resume(args, data)
-        elif name == "evaluate":
-            checks[name] = evaluate_check(args, data)
-        else:
-            checks[name] = train_check(args, data, name)
-        print(f"gpu-check: {name}: {json.dumps(checks[name])}", flush=True)
+    checks = run_checks(args, data)
     report = {
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(["python bench/gpu_check.py", *given]) if given else "make gpu-check",
@@ -491,18 +522,14 @@ def main(argv: list[str] | None = None) -> int:
         **{key: getattr(args, key) for key in ("arch", "steps", "batch_size", "workers")},
         "checks": checks,
         "left_out": [name for name in CHECKS if name not in args.checks],
-        "p6": {} if args.no_p6 else p6(args, data),
-        "step": None if args.no_step else step_variants(args, data),
-        "tta": None if args.no_tta else guarded(time_to_accuracy, args),
+        "p6": {},
+        "step": None,
+        "tta": None,
         "results": str(args.workdir / "results.json"),
     }
-    if args.merge and args.merge.exists():  # an earlier run's parts where this one measured none
-        earlier = json.loads(args.merge.read_text())
-        for part in ("checks", "p6", "step", "tta"):
-            report[part] = report[part] or earlier.get(part)
-        if not checks:  # the checks are the earlier run's, and so is what it left out
-            report["left_out"] = earlier.get("left_out", [])
-        report["command"] += f" (with {earlier['command']}'s parts)"
+    run_parts(args, data, report)
+    if args.merge and args.merge.exists():
+        merge(report, json.loads(args.merge.read_text()))
     report["seconds"] = time.monotonic() - began
     (args.workdir / "results.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     if str(args.out) != "-":

@@ -80,9 +80,9 @@ def trainer_for(args: argparse.Namespace, variant: Variant, batch_size: int, bat
     return Trainer(cfg, info, resolve_source(args.shards, num_classes=1000), run_parts(cfg, info))
 
 
-def curve(trainer: Trainer, recorded: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
-    """The loss of each step over `recorded`, read once at the end (no host sync per step)."""
-    losses = [trainer.step(images, labels) for images, labels in recorded]
+def curve(trainer: Trainer, recorded: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> list[float]:
+    """The loss of each step over `recorded` at `lr`, read once at the end (no host sync per step)."""
+    losses = [trainer.step(images, labels, lr=lr) for images, labels in recorded]
     return [round(value, 5) for value in torch.stack(losses).tolist()]
 
 
@@ -136,7 +136,7 @@ def run_variant(args: argparse.Namespace, text: str, recorded: list) -> dict:
             images, labels, _keys = next(real)
             recorded.append((images.to(trainer.info.device), labels.to(trainer.info.device)))
         if with_curve:
-            found["losses"] = curve(trainer, recorded)
+            found["losses"] = curve(trainer, recorded, args.curve_lr)
         found["fixed"] = fixed_batch(trainer, args, batch_size)
         measure = timed if trainer.info.device.type == "cuda" else timed_cpu
         found["shards"] = measure(trainer, real, args.steps, args.warmup)
@@ -187,6 +187,9 @@ def main() -> None:
     parser.add_argument("--crop-size", type=int, default=224)
     parser.add_argument("--decoder", default="simplejpeg")
     parser.add_argument("--curve-steps", type=int, default=40, help="steps of the loss curve every variant repeats")
+    # At the peak LR (0.1 for 256) from fresh weights and no warmup the loss spikes to 20-50 in the first steps
+    # (an H200 run, 2026-11-28), where rounding differences grow chaotically; a warmup's LR compares kernels.
+    parser.add_argument("--curve-lr", type=float, default=0.01, help="the LR of the loss curve's steps")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no variant after this many seconds")
