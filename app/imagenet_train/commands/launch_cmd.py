@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from imagenet_train.commands import Command, deployment_file
 from imagenet_train.declarations import option, positional
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.launchers.launch import GRACE_PERIOD, Launch
+from imagenet_train.launchers.kinds import TorchrunLaunch
+from imagenet_train.launchers.launch import GRACE_PERIOD
 
 PROGRAM = "imagenet-train command and its options"
 
@@ -96,7 +97,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return run(program, nproc=nproc, dry_run=args.dry_run, grace_period=args.grace_period, launch=_by_hand(args, nproc))
 
 
-def _by_hand(args: argparse.Namespace, nproc: str | None) -> Launch | None:
+def _by_hand(args: argparse.Namespace, nproc: str | None) -> TorchrunLaunch | None:
     """The rendezvous --nnodes and --rdzv-endpoint describe (None: the environment's launcher decides)."""
     from imagenet_train.launchers.launch import by_hand
 
