@@ -110,8 +110,7 @@ def _by_hand(args: argparse.Namespace, nproc: str | None) -> TorchrunLaunch | No
 
 def cmd_ray(args: argparse.Namespace) -> int:
     """Train on a Ray cluster with Ray Train and print the last epoch's result."""
-    from imagenet_train.launchers.ray_train import RayOptions as RayRun
-    from imagenet_train.launchers.ray_train import run
+    from imagenet_train.launchers.ray_train import RayTrainOptions, run
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if program[:1] != ["train"]:
@@ -119,7 +118,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
             "ray: expected the training command after the options, e.g. "
             "`imagenet-train ray --workers 2 -- train --shards URL`"
         )
-    options = RayRun(args.address, args.workers, args.gpus, args.max_failures, args.cpus_per_worker)
+    options = RayTrainOptions(args.address, args.workers, args.gpus, args.max_failures, args.cpus_per_worker)
     from imagenet_train.commands.train_cmd import train_config
 
     last = run(train_config(program[1:]), options)
