@@ -143,10 +143,12 @@ def test_what_the_planner_may_import_imports_only_the_standard_library():
 
 # The ground floor, and what each of its modules may import of the project besides the standard library: the
 # settings (config.py), their closed sets and shared defaults (choices.py), the declaration machinery, plain
-# exceptions and the redaction of secrets that config.json's values pass through. Every package types against
-# it, so it imports none of them.
+# exceptions, the redaction of secrets that config.json's values pass through, and the checks across settings
+# (config_checks.py; what an installation must have for them is main/entry_checks.py's). Every package types
+# against it, so it imports none of them.
 GROUND_FLOOR = {
     f"{ROOT}.config": {f"{ROOT}.errors", f"{ROOT}.choices", f"{ROOT}.declarations", f"{ROOT}.redact"},
+    f"{ROOT}.config_checks": {f"{ROOT}.config", f"{ROOT}.errors", f"{ROOT}.choices"},
     f"{ROOT}.choices": {f"{ROOT}.errors"},
     f"{ROOT}.declarations": {f"{ROOT}.errors"},
     f"{ROOT}.errors": set(),

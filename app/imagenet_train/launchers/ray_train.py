@@ -42,11 +42,11 @@ def world_size(options: RayTrainOptions, cluster_gpus: int) -> tuple[int, bool]:
 
 def run(cfg: Config, options: RayTrainOptions) -> dict:
     """Train `cfg` on the Ray cluster; returns the last epoch's metrics."""
-    from imagenet_train.config_checks import checked
     from imagenet_train.datasets.source import run_source
+    from imagenet_train.main.entry_checks import runnable
     from imagenet_train.planning.plan import preflight_check
 
-    checked(cfg)
+    runnable(cfg)
     # Bad shards or a hanging layout fail here, once, instead of in every worker on every restart.
     source = run_source(cfg.data)
     try:
