@@ -4,7 +4,10 @@ that imports only the standard library and does no I/O, and a CLI module that no
 from __future__ import annotations
 
 import ast
+import io
+import re
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -355,3 +358,53 @@ def _defines(module: str, attribute: str) -> bool:
         if isinstance(node, (ast.If, ast.Try)) and attribute in ast.unparse(node):  # guarded definitions
             return True
     return False
+
+
+# What a comment or docstring may name: a module as imagenet_train.x.y or x.y (and an attribute of it), a file of the
+# package as x/y.py, a file of the repository as tools/x.py, tests/..., docs/..., ...
+TOP_NAMES = sorted({name.split(".")[1] for name in MODULES if name.count(".") >= 1})
+DOTTED = re.compile(rf"(?<![\w.])(?:imagenet_train\.)?((?:{'|'.join(TOP_NAMES)})(?:\.\w+)+)")
+SUFFIXES = {"py", "md", "yaml", "json", "jsonl", "txt", "conf", "sh", "pt"}
+PATHS = re.compile(r"(?<![\w./-])((?:[a-z_]+/)+[\w.-]+\.(?:py|md|yaml|json|conf|sh))\b")
+REPO_FOLDERS = ("tools", "tests", "docs", "images", "helm", "bench", "examples", "recipes", "manifests")
+
+
+def stale_mentions(name: str, source: str) -> list[str]:
+    """The modules and files a module's comments and docstrings name that do not exist (moved or gone)."""
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in (tokenize.COMMENT, tokenize.STRING):
+            continue
+        for mention in DOTTED.findall(token.string):
+            parts = [ROOT, *mention.split(".")]
+            if parts[-1] in SUFFIXES:
+                continue  # a file's name (config.py, deployment.yaml): PATHS checks those with a folder
+            known = next((i for i in range(len(parts), 1, -1) if ".".join(parts[:i]) in MODULES), 0)
+            if not known or (known < len(parts) and not _defines(".".join(parts[:known]), parts[known])):
+                found.append(f"{name}:{token.start[0]}: {mention}")
+        for path in PATHS.findall(token.string):
+            top = path.split("/")[0]
+            if top in REPO_FOLDERS:
+                exists = (PACKAGE.parents[1] / path).exists()
+            elif (PACKAGE / top).is_dir():
+                exists = (PACKAGE / path).exists()
+            else:
+                continue  # another project's file (ray/_common/usage/usage_lib.py)
+            if not exists:
+                found.append(f"{name}:{token.start[0]}: {path}")
+    return found
+
+
+def test_comments_and_docstrings_name_only_modules_and_files_that_exist():
+    stale = [line for name, path in MODULES.items() for line in stale_mentions(name, path.read_text())]
+    assert not stale, "comments naming a module or file that moved:\n" + "\n".join(stale)
+
+
+def test_the_check_finds_a_mention_of_a_module_that_moved():
+    source = '"""Read by imagenet_train.loading.pipeline, training.progress.StatusClient and loading/pipeline.py;\n'
+    source += 'see loading.stream.EpochLoader, imagenet_train.planning.plan and loading/stream.py."""\n'
+    assert stale_mentions("m", source) == [
+        "m:1: loading.pipeline",
+        "m:1: training.progress.StatusClient",
+        "m:1: loading/pipeline.py",
+    ]
