@@ -145,7 +145,8 @@ COMMANDS = (
         "run torchrun with arguments taken from the launcher's environment (the image's entrypoint)",
         LaunchOptions,
         cmd_launch,
-        description="Reads NGC, PyTorchJob, TrainJob, JobSet, Indexed Job or plain environments and runs "
+        description="Recognises the launcher that started it from its environment (the kinds of "
+        "imagenet_train/launchers/kinds.py: SSH, NGC, the chart's Kubernetes kinds, Slurm, or none) and runs "
         "`torchrun ... -m imagenet_train.cli PROGRAM...`, e.g. `imagenet-train launch -- train --shards URL`. "
         "SIGTERM and SIGUSR1 reach every rank as pre-emption: each finishes its step, rank 0 checkpoints, "
         "and launch exits with 128 + the signal's number.",
