@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from imagenet_train.launchers.kinds import ELASTIC_ENV, LauncherKind, TorchrunLaunch, detected, local_devices
 from imagenet_train.launchers.launcher_death import GRACE_VARIABLES
@@ -55,7 +55,7 @@ def torchrun_options(grace_period: float) -> list[str]:
     return options
 
 
-def command(launch: TorchrunLaunch, program: list[str], options: list[str] = ()) -> list[str]:
+def command(launch: TorchrunLaunch, program: list[str], options: Sequence[str] = ()) -> list[str]:
     """The full torchrun command line for the training program's arguments."""
     return [
         sys.executable,
