@@ -74,7 +74,8 @@ def deployment_file(path: str) -> dict:
     from imagenet_train.yaml_input import read_mapping
 
     document = read_mapping(path, "--deployment")
-    chart_launcher(document, f"--deployment {path}: launcher.kind")
+    if "launcher" in document:  # fill and probe read only the shard sections; launch needs the launcher's
+        chart_launcher(document, f"--deployment {path}: launcher.kind")
     os.environ.update({**storage_env(document, document["name"]), **POD_DEFAULTS, **os.environ, **WRITABLE_ENV})
     return document
 
