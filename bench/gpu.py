@@ -17,8 +17,8 @@ import torch
 
 from imagenet_train.choices import CompileMode
 from imagenet_train.config import Config
-from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import resolve_source
+from imagenet_train.main.entry_checks import runnable
 from imagenet_train.main.train import run_parts
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.loop import Trainer
@@ -35,7 +35,7 @@ def trainer_for(args: argparse.Namespace, batches: int) -> Trainer:
     cfg.run.run_dir = tempfile.mkdtemp(prefix="bench-gpu-")
     info = DistInfo(rank=0, world=1, local_rank=0, device=torch.device("cuda", 0))
     torch.cuda.set_device(0)
-    cfg = checked(cfg)
+    cfg = runnable(cfg)
     return Trainer(cfg, info, resolve_source(args.shards, num_classes=1000), run_parts(cfg, info))
 
 

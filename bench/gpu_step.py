@@ -27,7 +27,7 @@ import torch
 
 from imagenet_train.choices import CompileMode
 from imagenet_train.config import Config
-from imagenet_train.config_checks import checked
+from imagenet_train.main.entry_checks import runnable
 from imagenet_train.datasets.source import resolve_source
 from imagenet_train.main.train import run_parts
 from imagenet_train.training.dist import DistInfo
@@ -76,7 +76,7 @@ def trainer_for(args: argparse.Namespace, variant: Variant, batch_size: int, bat
     cfg.run.run_dir = tempfile.mkdtemp(prefix="bench-gpu-step-")
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     info = DistInfo(rank=0, world=1, local_rank=0, device=device)
-    cfg = checked(cfg)
+    cfg = runnable(cfg)
     return Trainer(cfg, info, resolve_source(args.shards, num_classes=1000), run_parts(cfg, info))
 
 

@@ -1,6 +1,9 @@
-"""The checks across settings that each setting's own declaration cannot make (a decoder's or a tracker's library,
-an optimizer that needs timm, sizes that contradict each other), each refused in one line naming the flags. The
-planner's verdict with the data's shard sizes and the world is planning/plan.py's (`preflight_check`)."""
+"""The checks across settings that each setting's own declaration cannot make (sizes that contradict each other,
+an option that applies to another one's choice only), each refused in one line naming the flags. On the ground floor
+beside config.py: pure, importing only the settings, their closed sets and errors. What this installation must have
+for the settings (a decoder's, a tracker's or timm's library, the augmentation policy's builder) is checked by the
+layers that own it, all at once in main/entry_checks.py (`runnable`), which every entry point runs. The planner's
+verdict with the data's shard sizes and the world is planning/plan.py's (`preflight_check`)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ from imagenet_train.choices import (
     AUTO_WARMUP,
     FUSED_OPTS,
     MOMENTUM_OPTS,
-    TIMM_OPTS,
     CompileMode,
     Decoder,
     Loss,
@@ -18,12 +20,11 @@ from imagenet_train.choices import (
 )
 from imagenet_train.config import Config, DataConfig
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.rundir.trackers import check_installed
 
 
 def checked(cfg: Config) -> Config:
-    """`cfg` once every setting is in range (Config.validate) and they can work together: what every entry point
-    (train, evaluate, Ray, Lightning) runs before it starts."""
+    """`cfg` once every setting is in range (Config.validate) and they can work together (entry points run it through
+    main/entry_checks.py's `runnable`, which also asks for the libraries the settings need)."""
     check_combinations(cfg.validate())
     return cfg
 
@@ -33,21 +34,8 @@ def check_combinations(cfg: Config) -> None:
     data = cfg.data
     if not data.shards and not data.train_urls:
         raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
-    if data.decoder == Decoder.FUSED:
-        from imagenet_train.loading.fused_decoder import available
-
-        if not available():
-            raise ImagenetTrainError(
-                "--decoder fused: needs PyTurboJPEG 1.8 and libturbojpeg (apt-get install libturbojpeg0)"
-            )
-    if data.decoder == Decoder.DALI:
-        from imagenet_train.loading.dali import available as dali_available
-
-        if not dali_available():
-            raise ImagenetTrainError("--decoder dali: needs NVIDIA DALI (pip install 'imagenet-train[dali]')")
     _check_optimizer(cfg)
     _check_resolution(data)
-    _check_policy(data)
     if data.ra_reps > 1 and data.mode == Mode.RESAMPLED:
         raise ImagenetTrainError(
             f"--ra-reps {data.ra_reps}: needs --mode split or queue (resampled mode draws shards at random already)"
@@ -61,7 +49,6 @@ def check_combinations(cfg: Config) -> None:
         )
     _check_collective_timeout(cfg)
     _check_step_kernels(cfg)
-    check_installed(cfg.run.tracker)
 
 
 def _check_step_kernels(cfg: Config) -> None:
@@ -90,7 +77,7 @@ def _check_collective_timeout(cfg: Config) -> None:
 
 
 def _check_optimizer(cfg: Config) -> None:
-    """The optimizer's cross-field checks, and the [timm] extra for the optimizers that need it."""
+    """The optimizer's cross-field checks."""
     optim, opt = cfg.optim, Opt(cfg.optim.opt)
     if optim.warmup_epochs < 0 and optim.warmup_epochs != AUTO_WARMUP:
         raise ImagenetTrainError(
@@ -107,10 +94,6 @@ def _check_optimizer(cfg: Config) -> None:
             f"--opt {opt}: --mode {cfg.data.mode} keeps replicas in step for SGD and LARS momentum only; "
             "expected --mode resampled (or --opt sgd or lars)"
         )
-    if opt in TIMM_OPTS:
-        from imagenet_train.compat import require_timm
-
-        require_timm(f"--opt {opt}")
 
 
 def _check_recipe_settings(cfg: Config) -> None:
@@ -127,10 +110,6 @@ def _check_recipe_settings(cfg: Config) -> None:
         )
     if optim.bce_target_threshold and optim.loss != Loss.BCE:
         raise ImagenetTrainError("--bce-target-threshold: applies to --loss bce only; drop it or add --loss bce")
-    if optim.loss == Loss.BCE:
-        from imagenet_train.compat import require_timm
-
-        require_timm("--loss bce")
 
 
 def _check_resolution(data: DataConfig) -> None:
@@ -154,13 +133,3 @@ def _check_resolution(data: DataConfig) -> None:
             "--random-erase: not available with --decoder dali (DALI has no RandomErasing); "
             "use another --decoder or --random-erase 0"
         )
-
-
-def _check_policy(data: DataConfig) -> None:
-    """The --auto-augment word has its entry in the one table both paths read, and a DALI builder there under
-    --decoder dali; else one line."""
-    from imagenet_train.loading.policies import dali_builder, policy_entry
-
-    policy_entry(data.auto_augment)
-    if data.decoder == Decoder.DALI:
-        dali_builder(data.auto_augment)

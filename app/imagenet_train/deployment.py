@@ -22,18 +22,7 @@ from imagenet_train.config import Config
 from imagenet_train.config_files import command_line_only, settings_from
 from imagenet_train.declarations import flag
 from imagenet_train.errors import ImagenetTrainError
-
-
-class LauncherKind(str, Enum):
-    """The chart's launcher.kind: which controller runs the training pods (values.yaml declares the words)."""
-
-    PYTORCHJOB = "pytorchjob"  # Kubeflow Training Operator v1
-    INDEXEDJOB = "indexedjob"  # plain batch/v1 Indexed Job, no operator
-    TRAINJOB = "trainjob"  # Kubeflow Trainer v2 (its TrainJob becomes a JobSet)
-    JOBSET = "jobset"  # the JobSet controller
-
-    def __str__(self) -> str:
-        return self.value
+from imagenet_train.launchers.kinds import ChartLauncher, LauncherKind, chart_kind, chart_launchers
 
 
 class ShardServer(str, Enum):
@@ -46,11 +35,6 @@ class ShardServer(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-
-# Launchers without an operator that sets torchrun's rendezvous variables: `launch` reads ours.
-STATIC_RENDEZVOUS = frozenset({LauncherKind.INDEXEDJOB, LauncherKind.JOBSET})
-# Launchers whose pods JobSet names (a TrainJob becomes a JobSet): its webhook bounds the name's length.
-JOBSET_NAMED = frozenset({LauncherKind.JOBSET, LauncherKind.TRAINJOB})
 
 # Training settings the deployment sets from its other sections; the chart's `train:` schema leaves them out.
 OWNED = frozenset(
@@ -129,9 +113,10 @@ def ais_endpoint(values: Mapping[str, Any], name: str) -> str:
     return f"http://{name}-ais-proxy:51080" if aistore["deploy"] else aistore["endpoint"].rstrip("/")
 
 
-def master_addr(kind: LauncherKind | str, name: str) -> str:
-    """Pod 0's stable hostname: JobSet's own, or the headless Service's subdomain (Indexed Job)."""
-    return f"{name}-node-0-0.{name}" if kind == LauncherKind.JOBSET else f"{name}-0.{name}"
+def chart_launcher(values: Mapping[str, Any], where: str = "launcher.kind") -> ChartLauncher:
+    """The launcher table's chart entry for launcher.kind; a kind the chart cannot deploy is refused in one line."""
+    launcher = values.get("launcher")
+    return chart_launchers()[chart_kind(launcher.get("kind") if isinstance(launcher, Mapping) else None, where)]
 
 
 def storage_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
@@ -147,10 +132,10 @@ def storage_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
 
 def rendezvous_env(values: Mapping[str, Any], name: str) -> dict[str, str]:
     """What `launch` reads on launchers without an operator that sets it (Indexed Job, JobSet)."""
-    launcher = values["launcher"]
-    if launcher["kind"] not in STATIC_RENDEZVOUS:
+    launcher, chart = values["launcher"], chart_launcher(values)
+    if chart.master is None:  # the operator sets torchrun's rendezvous
         return {}
-    master = master_addr(launcher["kind"], name)
+    master = chart.master(name)
     env = {"NNODES": str(launcher["nodes"]), "MASTER_ADDR": master, "MASTER_PORT": str(launcher["port"])}
     elastic = launcher["elastic"]
     if elastic["enabled"]:
@@ -292,7 +277,7 @@ def admission_problems(values: Mapping[str, Any], name: str) -> list[str]:
             "alphanumeric character"
         )
     pod = f"{name}-node-0-{int(launcher['nodes']) - 1}-abcde"
-    if launcher["kind"] in JOBSET_NAMED and len(pod) > 63:
+    if chart_launcher(values).jobset_named and len(pod) > 63:
         errors.append(
             f"{where}: the JobSet webhook refuses {name[:80]!r}: JobSet name is too long, pod names generated for "
             f"this JobSet will exceed 63 characters ({len(pod)} in the last pod's)"
@@ -312,6 +297,10 @@ def problems(values: Mapping[str, Any], name: str | None = None) -> list[str]:
 
     With the workload's name (deployment.yaml carries it; render.py passes it) the admission rules too.
     """
+    try:
+        chart_launcher(values)
+    except ImagenetTrainError as error:
+        return [str(error)]  # the rules below read the kind
     launcher = values["launcher"]
     errors = []
     name = name or values.get("name")

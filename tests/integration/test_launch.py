@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.launch import command, resolve
@@ -22,8 +23,21 @@ from conftest import CHECKPOINTING_TRAIN, LONG_EPOCH, REPO, cli
 @pytest.mark.unit
 def test_plain_machine_is_a_standalone_single_node_run():
     launch = resolve({}, nproc="2")
-    assert launch.launcher == "standalone"
+    assert launch.kind == "standalone"
     assert launch.torchrun == ["--standalone", "--nnodes=1", "--nproc_per_node=2"]
+
+
+def test_a_deployment_file_naming_a_kind_the_chart_cannot_deploy_is_refused_in_one_line(tmp_path):
+    values = yaml.safe_load((REPO / "helm" / "imagenet-train" / "values.yaml").read_text())
+    document = {key: values[key] for key in ("launcher", "shards", "results", "cache", "gcp", "resources")}
+    document |= {"name": "r-imagenet-train", "release": "r"}
+    document["launcher"]["kind"] = "slurm"  # a launcher kind, but not one the chart deploys
+    path = tmp_path / "deployment.yaml"
+    path.write_text(yaml.safe_dump(document))
+    result = cli("launch", "--dry-run", "--deployment", str(path), "--", "train")
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert f"--deployment {path}: launcher.kind: expected one of " in result.stderr
+    assert all(kind in result.stderr for kind in ("pytorchjob", "indexedjob", "trainjob", "jobset", "got 'slurm'"))
 
 
 @pytest.mark.unit
@@ -58,7 +72,7 @@ def test_pytorchjob_elastic_uses_rendezvous_and_node_range():
         "MASTER_ADDR": "x",
     }
     launch = resolve(env)
-    assert launch.launcher == "pytorchjob (elastic)"
+    assert launch.label == "pytorchjob (elastic)"
     assert launch.torchrun == [
         "--nnodes=2:4",
         "--nproc_per_node=8",
@@ -82,7 +96,7 @@ def test_trainjob_sets_pet_master_variables():
         "PET_MASTER_PORT": "29400",
     }
     launch = resolve(env)
-    assert launch.launcher == "trainjob"
+    assert launch.kind == "trainjob"
     assert launch.torchrun == [
         "--nnodes=3",
         "--node_rank=2",
@@ -102,7 +116,7 @@ def test_jobset_derives_pod_zero_hostname():
         "NPROC_PER_NODE": "8",
     }
     launch = resolve(env)
-    assert launch.launcher == "jobset"
+    assert launch.kind == "jobset"
     assert "--master_addr=r50-node-0-0.r50" in launch.torchrun and "--node_rank=1" in launch.torchrun
 
 

@@ -171,15 +171,15 @@ def test_ray_command_needs_the_training_command(tmp_path):
 
 def test_ray_world_size_is_one_worker_per_gpu_unless_told():
     from imagenet_train.errors import ImagenetTrainError
-    from imagenet_train.launchers.ray_train import RayOptions, world_size
+    from imagenet_train.launchers.ray_train import RayTrainOptions, world_size
 
-    assert world_size(RayOptions(), cluster_gpus=8) == (8, True)
-    assert world_size(RayOptions(workers=2), cluster_gpus=8) == (2, True)
-    assert world_size(RayOptions(workers=2), cluster_gpus=0) == (2, False)
+    assert world_size(RayTrainOptions(), cluster_gpus=8) == (8, True)
+    assert world_size(RayTrainOptions(workers=2), cluster_gpus=8) == (2, True)
+    assert world_size(RayTrainOptions(workers=2), cluster_gpus=0) == (2, False)
     with pytest.raises(ImagenetTrainError, match="give --workers N"):
-        world_size(RayOptions(), cluster_gpus=0)
+        world_size(RayTrainOptions(), cluster_gpus=0)
     with pytest.raises(ImagenetTrainError, match="reports no GPUs"):
-        world_size(RayOptions(workers=2, gpus=True), cluster_gpus=0)
+        world_size(RayTrainOptions(workers=2, gpus=True), cluster_gpus=0)
 
 
 def test_a_process_group_set_up_by_the_launcher_is_used_and_left_open(tmp_path, monkeypatch):

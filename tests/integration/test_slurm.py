@@ -58,7 +58,7 @@ def test_a_malformed_node_list_is_one_error(nodelist):
 
 def test_a_slurm_task_becomes_torchrun_with_node_zero_as_rendezvous():
     launch = resolve(SRUN_TASK_ON_NODE_1)
-    assert launch.launcher == "slurm"
+    assert launch.kind == "slurm"
     assert launch.torchrun == [
         "--nnodes=2",
         "--node_rank=1",

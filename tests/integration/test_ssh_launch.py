@@ -16,7 +16,7 @@ import pytest
 
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.launchers.launch import resolve
-from imagenet_train.launchers.ssh import Host, SshOptions, forwarded_environment, parse_hosts, remote_command
+from imagenet_train.launchers.ssh import Host, SshLaunchOptions, forwarded_environment, parse_hosts, remote_command
 from imagenet_train.launchers.ssh_node import descendants
 
 from conftest import LONG_EPOCH, REPO, SMALL_TRAIN, cli, inside_first_epoch, read_metrics
@@ -71,7 +71,7 @@ def test_io_settings_and_named_variables_go_to_the_hosts_but_never_a_secret():
 
 
 def test_each_host_gets_its_node_rank_and_host_zero_as_rendezvous():
-    options = SshOptions(
+    options = SshLaunchOptions(
         hosts=[Host("gpu1"), Host("gpu2", "bob", 2222)],
         program=["train", "--run-dir", "/runs/it's here", "--shards", "http://gpu1:8080/shards.json"],
         environment={"OMP_NUM_THREADS": "4"},

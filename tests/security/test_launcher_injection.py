@@ -16,7 +16,7 @@ import pytest
 from integration.test_ssh_launch import _tagged, two_hosts  # noqa: F401 (two_hosts: the real-sshd fixture)
 
 from imagenet_train.launchers import ssh
-from imagenet_train.launchers.ssh import Host, SshOptions, forwarded_environment
+from imagenet_train.launchers.ssh import Host, SshLaunchOptions, forwarded_environment
 
 from conftest import REPO
 
@@ -69,8 +69,10 @@ def test_the_ngc_tail_command_keeps_a_result_dir_one_shell_word():
     assert tail_command("42")[4] == "tail -n +1 -f /results/joblog.log"  # the usual line is unchanged
 
 
-def _options(environment: dict[str, str]) -> SshOptions:
-    return SshOptions(hosts=[Host("gpu1"), Host("gpu2")], program=["train", "--epochs", "1"], environment=environment)
+def _options(environment: dict[str, str]) -> SshLaunchOptions:
+    return SshLaunchOptions(
+        hosts=[Host("gpu1"), Host("gpu2")], program=["train", "--epochs", "1"], environment=environment
+    )
 
 
 def test_a_proxy_password_never_reaches_the_ssh_command_line():

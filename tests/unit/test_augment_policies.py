@@ -11,13 +11,13 @@ from imagenet_train.choices import AutoAugment
 from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import _config_from
 from imagenet_train.config import DataConfig
-from imagenet_train.config_checks import checked
 from imagenet_train.declarations import declared
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading import dali, policies
 from imagenet_train.loading.augment import after_crop, policy
 from imagenet_train.loading.policies import POLICIES, Policy
 from imagenet_train.loading.presets import TrainPreset
+from imagenet_train.main.entry_checks import runnable
 
 from conftest import jpeg_bytes
 
@@ -83,17 +83,17 @@ def test_a_word_the_table_lacks_is_refused_in_one_line_on_both_paths(name):
 
 def test_an_enum_member_without_an_entry_is_refused_when_the_settings_are_read(monkeypatch):
     monkeypatch.delitem(POLICIES, AutoAugment.RA)
-    message = refusal(lambda: checked(config_of("--auto-augment", "ra")))
+    message = refusal(lambda: runnable(config_of("--auto-augment", "ra")))
     assert message == f"--auto-augment: expected one of {', '.join(str(name) for name in POLICIES)}, got 'ra'"
     assert AutoAugment.RA not in POLICIES  # the words offered are what is left in the table
 
 
 def test_a_policy_without_a_dali_builder_is_refused_in_one_line_under_decoder_dali(monkeypatch):
     monkeypatch.setitem(POLICIES, AutoAugment.RA, Policy(cpu=POLICIES[AutoAugment.RA].cpu, dali=None))
-    assert checked(config_of("--auto-augment", "ra")).data.auto_augment == "ra"  # the CPU path keeps it
+    assert runnable(config_of("--auto-augment", "ra")).data.auto_augment == "ra"  # the CPU path keeps it
     if not dali.available():
         pytest.skip("NVIDIA DALI not installed: --decoder dali is refused before the policy")
-    message = refusal(lambda: checked(config_of("--auto-augment", "ra", "--decoder", "dali")))
+    message = refusal(lambda: runnable(config_of("--auto-augment", "ra", "--decoder", "dali")))
     assert message.startswith("--auto-augment ra: not available with --decoder dali")
     assert refusal(lambda: dali.dali_policy("ra", object())) == message
 

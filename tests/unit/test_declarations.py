@@ -15,7 +15,8 @@ from imagenet_train.cli import build_parser
 from imagenet_train.config import Config, defaults
 from imagenet_train.config_files import settings_from
 from imagenet_train.declarations import declared, flag
-from imagenet_train.deployment import LauncherKind, ShardServer
+from imagenet_train.deployment import ShardServer
+from imagenet_train.launchers.kinds import LauncherKind, chart_launchers
 from imagenet_train.planning import plan
 
 from conftest import REPO as ROOT
@@ -75,7 +76,7 @@ def test_the_enums_name_exactly_the_words_config_and_the_chart_accept():
     assert choices["on_broken_shard"] == tuple(p.value for p in BrokenShardPolicy)
     assert choices["mode"] == tuple(m.value for m in Mode)
     schema = json.loads((ROOT / "helm" / "imagenet-train" / "values.schema.json").read_text())["properties"]
-    assert schema["launcher"]["properties"]["kind"]["enum"] == [k.value for k in LauncherKind]
+    assert set(schema["launcher"]["properties"]["kind"]["enum"]) == {k.value for k in chart_launchers()}
     assert schema["shards"]["properties"]["server"]["enum"] == [s.value for s in ShardServer]
 
 

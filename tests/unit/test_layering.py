@@ -4,7 +4,10 @@ that imports only the standard library and does no I/O, and a CLI module that no
 from __future__ import annotations
 
 import ast
+import io
+import re
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -143,10 +146,12 @@ def test_what_the_planner_may_import_imports_only_the_standard_library():
 
 # The ground floor, and what each of its modules may import of the project besides the standard library: the
 # settings (config.py), their closed sets and shared defaults (choices.py), the declaration machinery, plain
-# exceptions and the redaction of secrets that config.json's values pass through. Every package types against
-# it, so it imports none of them.
+# exceptions, the redaction of secrets that config.json's values pass through, and the checks across settings
+# (config_checks.py; what an installation must have for them is main/entry_checks.py's). Every package types
+# against it, so it imports none of them.
 GROUND_FLOOR = {
     f"{ROOT}.config": {f"{ROOT}.errors", f"{ROOT}.choices", f"{ROOT}.declarations", f"{ROOT}.redact"},
+    f"{ROOT}.config_checks": {f"{ROOT}.config", f"{ROOT}.errors", f"{ROOT}.choices"},
     f"{ROOT}.choices": {f"{ROOT}.errors"},
     f"{ROOT}.declarations": {f"{ROOT}.errors"},
     f"{ROOT}.errors": set(),
@@ -164,6 +169,20 @@ def test_the_settings_import_nothing_above_the_ground_floor(name):
         }
     )
     assert not wrong, "the settings must sit on the ground floor:\n" + "\n".join(wrong)
+
+
+# Private helpers of io/gcs.py and io/s3.py, which share the name until io/'s storage-scheme table renames them.
+SHARED_CLASS_NAMES = {"_Body"}
+
+
+def test_no_two_modules_define_a_class_of_the_same_name():
+    where: dict[str, list[str]] = {}
+    for name, tree in TREES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{MODULES[name].relative_to(PACKAGE)}:{node.lineno}")
+    twice = [f"{cls}: {', '.join(places)}" for cls, places in sorted(where.items()) if len(places) > 1]
+    assert [line for line in twice if line.split(":")[0] not in SHARED_CLASS_NAMES] == [], "\n".join(twice)
 
 
 # Parameter names that hold a run's settings or a section of them; typed `Any`, a reader cannot follow them to
@@ -339,3 +358,53 @@ def _defines(module: str, attribute: str) -> bool:
         if isinstance(node, (ast.If, ast.Try)) and attribute in ast.unparse(node):  # guarded definitions
             return True
     return False
+
+
+# What a comment or docstring may name: a module as imagenet_train.x.y or x.y (and an attribute of it), a file of the
+# package as x/y.py, a file of the repository as tools/x.py, tests/..., docs/..., ...
+TOP_NAMES = sorted({name.split(".")[1] for name in MODULES if name.count(".") >= 1})
+DOTTED = re.compile(rf"(?<![\w.])(?:imagenet_train\.)?((?:{'|'.join(TOP_NAMES)})(?:\.\w+)+)")
+SUFFIXES = {"py", "md", "yaml", "json", "jsonl", "txt", "conf", "sh", "pt"}
+PATHS = re.compile(r"(?<![\w./-])((?:[a-z_]+/)+[\w.-]+\.(?:py|md|yaml|json|conf|sh))\b")
+REPO_FOLDERS = ("tools", "tests", "docs", "images", "helm", "bench", "examples", "recipes", "manifests")
+
+
+def stale_mentions(name: str, source: str) -> list[str]:
+    """The modules and files a module's comments and docstrings name that do not exist (moved or gone)."""
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in (tokenize.COMMENT, tokenize.STRING):
+            continue
+        for mention in DOTTED.findall(token.string):
+            parts = [ROOT, *mention.split(".")]
+            if parts[-1] in SUFFIXES:
+                continue  # a file's name (config.py, deployment.yaml): PATHS checks those with a folder
+            known = next((i for i in range(len(parts), 1, -1) if ".".join(parts[:i]) in MODULES), 0)
+            if not known or (known < len(parts) and not _defines(".".join(parts[:known]), parts[known])):
+                found.append(f"{name}:{token.start[0]}: {mention}")
+        for path in PATHS.findall(token.string):
+            top = path.split("/")[0]
+            if top in REPO_FOLDERS:
+                exists = (PACKAGE.parents[1] / path).exists()
+            elif (PACKAGE / top).is_dir():
+                exists = (PACKAGE / path).exists()
+            else:
+                continue  # another project's file (ray/_common/usage/usage_lib.py)
+            if not exists:
+                found.append(f"{name}:{token.start[0]}: {path}")
+    return found
+
+
+def test_comments_and_docstrings_name_only_modules_and_files_that_exist():
+    stale = [line for name, path in MODULES.items() for line in stale_mentions(name, path.read_text())]
+    assert not stale, "comments naming a module or file that moved:\n" + "\n".join(stale)
+
+
+def test_the_check_finds_a_mention_of_a_module_that_moved():
+    source = '"""Read by imagenet_train.loading.pipeline, training.progress.StatusClient and loading/pipeline.py;\n'
+    source += 'see loading.stream.EpochLoader, imagenet_train.planning.plan and loading/stream.py."""\n'
+    assert stale_mentions("m", source) == [
+        "m:1: loading.pipeline",
+        "m:1: training.progress.StatusClient",
+        "m:1: loading/pipeline.py",
+    ]

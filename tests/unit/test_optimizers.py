@@ -9,8 +9,8 @@ import torch
 from imagenet_train.choices import Opt
 from imagenet_train.compat import require_timm
 from imagenet_train.config import Config, OptimConfig
-from imagenet_train.config_checks import checked
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.main.entry_checks import runnable
 from imagenet_train.training.step import build_optimizer
 
 pytestmark = pytest.mark.unit
@@ -82,11 +82,11 @@ def test_lamb_and_lars_without_timm_are_one_line_naming_the_flag(monkeypatch):
     cfg = Config()
     cfg.data.shards, cfg.optim.opt = "shards.json", "lamb"
     with pytest.raises(ImagenetTrainError, match="^--opt lamb: needs timm"):
-        checked(cfg)
+        runnable(cfg)
     with pytest.raises(ImagenetTrainError, match="^--opt lamb: needs timm"):
         build_optimizer(optim(Opt.LAMB), small_model(), lr=0.1)
     cfg.optim.opt = "adamw"
-    checked(cfg)  # torch's own optimizers need nothing more
+    runnable(cfg)  # torch's own optimizers need nothing more
 
 
 @pytest.mark.parametrize(
@@ -104,4 +104,4 @@ def test_settings_that_cannot_work_together_are_refused_in_one_line(changes, mes
     for key, value in changes.items():
         setattr(cfg.data if hasattr(cfg.data, key) else cfg.optim, key, value)
     with pytest.raises(ImagenetTrainError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
-        checked(cfg)
+        runnable(cfg)

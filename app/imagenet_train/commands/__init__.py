@@ -70,10 +70,12 @@ def add_version(parser: argparse.ArgumentParser) -> None:
 
 def deployment_file(path: str) -> dict:
     """The chart's deployment.yaml; its storage environment and writable paths are applied to this process."""
-    from imagenet_train.deployment import POD_DEFAULTS, WRITABLE_ENV, storage_env
+    from imagenet_train.deployment import POD_DEFAULTS, WRITABLE_ENV, chart_launcher, storage_env
     from imagenet_train.yaml_input import read_mapping
 
     document = read_mapping(path, "--deployment")
+    if "launcher" in document:  # fill and probe read only the shard sections; launch needs the launcher's
+        chart_launcher(document, f"--deployment {path}: launcher.kind")
     os.environ.update({**storage_env(document, document["name"]), **POD_DEFAULTS, **os.environ, **WRITABLE_ENV})
     return document
 

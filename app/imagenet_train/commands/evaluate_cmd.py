@@ -64,8 +64,8 @@ class EvaluateOptions:
 def _config_from(args: argparse.Namespace):
     """Defaults, then the `--config` file's settings (a run's config.json repeats its data settings), then flags."""
     from imagenet_train.config import Config
-    from imagenet_train.config_checks import checked
     from imagenet_train.config_files import load_settings
+    from imagenet_train.main.entry_checks import runnable
 
     given = vars(args)
     chosen = load_settings(args.config_file, given) if args.config_file else {}
@@ -75,7 +75,7 @@ def _config_from(args: argparse.Namespace):
             if hasattr(section, name):
                 setattr(section, name, given.get(name, chosen.get(name, declaration(name)[0].default)))
     cfg.data.io_timeout = args.io_timeout
-    return checked(cfg)
+    return runnable(cfg)
 
 
 def _check(args: argparse.Namespace) -> None:

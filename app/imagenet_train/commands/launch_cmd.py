@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from imagenet_train.commands import Command, deployment_file
 from imagenet_train.declarations import option, positional
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.launchers.launch import GRACE_PERIOD, Launch
+from imagenet_train.launchers.kinds import TorchrunLaunch
+from imagenet_train.launchers.launch import GRACE_PERIOD
 
 PROGRAM = "imagenet-train command and its options"
 
@@ -96,7 +97,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return run(program, nproc=nproc, dry_run=args.dry_run, grace_period=args.grace_period, launch=_by_hand(args, nproc))
 
 
-def _by_hand(args: argparse.Namespace, nproc: str | None) -> Launch | None:
+def _by_hand(args: argparse.Namespace, nproc: str | None) -> TorchrunLaunch | None:
     """The rendezvous --nnodes and --rdzv-endpoint describe (None: the environment's launcher decides)."""
     from imagenet_train.launchers.launch import by_hand
 
@@ -109,8 +110,7 @@ def _by_hand(args: argparse.Namespace, nproc: str | None) -> Launch | None:
 
 def cmd_ray(args: argparse.Namespace) -> int:
     """Train on a Ray cluster with Ray Train and print the last epoch's result."""
-    from imagenet_train.launchers.ray_train import RayOptions as RayRun
-    from imagenet_train.launchers.ray_train import run
+    from imagenet_train.launchers.ray_train import RayTrainOptions, run
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if program[:1] != ["train"]:
@@ -118,7 +118,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
             "ray: expected the training command after the options, e.g. "
             "`imagenet-train ray --workers 2 -- train --shards URL`"
         )
-    options = RayRun(args.address, args.workers, args.gpus, args.max_failures, args.cpus_per_worker)
+    options = RayTrainOptions(args.address, args.workers, args.gpus, args.max_failures, args.cpus_per_worker)
     from imagenet_train.commands.train_cmd import train_config
 
     last = run(train_config(program[1:]), options)
@@ -145,7 +145,8 @@ COMMANDS = (
         "run torchrun with arguments taken from the launcher's environment (the image's entrypoint)",
         LaunchOptions,
         cmd_launch,
-        description="Reads NGC, PyTorchJob, TrainJob, JobSet, Indexed Job or plain environments and runs "
+        description="Recognises the launcher that started it from its environment (the kinds of "
+        "imagenet_train/launchers/kinds.py: SSH, NGC, the chart's Kubernetes kinds, Slurm, or none) and runs "
         "`torchrun ... -m imagenet_train.cli PROGRAM...`, e.g. `imagenet-train launch -- train --shards URL`. "
         "SIGTERM and SIGUSR1 reach every rank as pre-emption: each finishes its step, rank 0 checkpoints, "
         "and launch exits with 128 + the signal's number.",

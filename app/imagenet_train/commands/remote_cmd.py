@@ -105,15 +105,15 @@ class SlurmOptions:
 
 def cmd_ssh(args: argparse.Namespace) -> int:
     """Run one `imagenet-train launch` per host over SSH (with --dry-run, print the ssh commands instead)."""
-    from imagenet_train.launchers.ssh import SshOptions as SshRun
     from imagenet_train.launchers.ssh import (
+        SshLaunchOptions,
         forwarded_environment,
         parse_hosts,
         run,
         shown_command,
     )
 
-    options = SshRun(
+    options = SshLaunchOptions(
         hosts=parse_hosts(args.hosts),
         program=_program(args.program),
         environment=forwarded_environment(os.environ, args.env),

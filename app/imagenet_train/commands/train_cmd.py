@@ -87,15 +87,15 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 def _check_train(args: argparse.Namespace) -> None:
     """The cross-field checks of a training configuration, before anything starts."""
-    from imagenet_train.config_checks import checked
+    from imagenet_train.main.entry_checks import runnable
 
     cfg = _config_from(args)
     if args.print_config and not (cfg.data.shards or cfg.data.train_urls):  # a recipe alone: show it all the same
         cfg.data.shards = "-"
-        args.config = checked(cfg)
+        args.config = runnable(cfg)
         args.config.data.shards = ""
     else:
-        args.config = checked(cfg)
+        args.config = runnable(cfg)
 
 
 COMMANDS = (

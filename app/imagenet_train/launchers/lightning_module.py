@@ -25,11 +25,11 @@ import lightning
 
 from imagenet_train.choices import Mode
 from imagenet_train.config import Config
-from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.batches import train_loader, val_loader
 from imagenet_train.loading.stream import EpochLoader
+from imagenet_train.main.entry_checks import runnable
 from imagenet_train.planning.plan import preflight_check
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import models
@@ -86,7 +86,7 @@ class ShardDataModule(lightning.LightningDataModule):
 
     def __init__(self, cfg: Config):
         super().__init__()
-        checked(cfg)
+        runnable(cfg)
         refuse_uneven_modes(cfg)
         refuse_train_only_settings(cfg)
         self.cfg = cfg

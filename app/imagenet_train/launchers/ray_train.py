@@ -19,7 +19,9 @@ from imagenet_train.errors import ImagenetTrainError, one_line
 
 
 @dataclasses.dataclass(frozen=True)
-class RayOptions:
+class RayTrainOptions:
+    """How Ray Train runs the workers (`imagenet-train ray`'s options, as commands/launch_cmd.py reads them)."""
+
     address: str = ""  # "" : the cluster in RAY_ADDRESS, else a new local one
     workers: int = 0  # 0: one per GPU of the cluster
     gpus: bool | None = None  # None: use GPUs when the cluster has any
@@ -27,7 +29,7 @@ class RayOptions:
     cpus_per_worker: float = 1.0
 
 
-def world_size(options: RayOptions, cluster_gpus: int) -> tuple[int, bool]:
+def world_size(options: RayTrainOptions, cluster_gpus: int) -> tuple[int, bool]:
     """Workers and whether they use GPUs: one per GPU Ray detected unless --workers says otherwise."""
     use_gpu = cluster_gpus > 0 if options.gpus is None else options.gpus
     if use_gpu and cluster_gpus == 0:
@@ -38,13 +40,13 @@ def world_size(options: RayOptions, cluster_gpus: int) -> tuple[int, bool]:
     return workers, use_gpu
 
 
-def run(cfg: Config, options: RayOptions) -> dict:
+def run(cfg: Config, options: RayTrainOptions) -> dict:
     """Train `cfg` on the Ray cluster; returns the last epoch's metrics."""
-    from imagenet_train.config_checks import checked
     from imagenet_train.datasets.source import run_source
+    from imagenet_train.main.entry_checks import runnable
     from imagenet_train.planning.plan import preflight_check
 
-    checked(cfg)
+    runnable(cfg)
     # Bad shards or a hanging layout fail here, once, instead of in every worker on every restart.
     source = run_source(cfg.data)
     try:

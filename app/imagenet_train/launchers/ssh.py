@@ -90,7 +90,7 @@ def forwarded_environment(env: Mapping[str, str], requested: Sequence[str]) -> d
 
 
 @dataclass
-class SshOptions:
+class SshLaunchOptions:
     """How to reach the hosts and what to start there."""
 
     hosts: list[Host]
@@ -107,7 +107,7 @@ class SshOptions:
     grace_period: float = GRACE_PERIOD  # launch's: the ranks' time to finish a step and checkpoint
 
 
-def _check(options: SshOptions) -> None:
+def _check(options: SshLaunchOptions) -> None:
     """Every word that reaches ssh's argv or the remote shell is one line: a newline would start a command."""
     for host in options.hosts:
         refuse_control(host.name, "--hosts")
@@ -129,7 +129,7 @@ def _check(options: SshOptions) -> None:
             refuse_control(value, f"environment variable {name}")
 
 
-def stdin_environment(options: SshOptions) -> dict[str, str]:
+def stdin_environment(options: SshLaunchOptions) -> dict[str, str]:
     """The forwarded variables whose values hold a credential (a proxy URL's password): they go on stdin.
 
     forwarded_environment never picks a secret by name; one set here by a caller still stays off argv.
@@ -137,13 +137,13 @@ def stdin_environment(options: SshOptions) -> dict[str, str]:
     return {k: v for k, v in options.environment.items() if holds_secret(v) or is_secret(k)}
 
 
-def stdin_preamble(options: SshOptions) -> bytes:
+def stdin_preamble(options: SshLaunchOptions) -> bytes:
     """What a host's `ssh-node --environment-on-stdin` reads first: those variables, one JSON line."""
     hidden = stdin_environment(options)
     return (json.dumps(hidden, sort_keys=True) + "\n").encode() if hidden else b""
 
 
-def remote_command(options: SshOptions, rank: int) -> str:
+def remote_command(options: SshLaunchOptions, rank: int) -> str:
     """The shell command line one host runs (its node rank and the rendezvous in the environment)."""
     _check(options)
     hidden = stdin_environment(options)
@@ -164,7 +164,7 @@ def remote_command(options: SshOptions, rank: int) -> str:
     return f"cd {shlex.quote(options.chdir)} && {line}" if options.chdir else line
 
 
-def ssh_command(options: SshOptions, rank: int) -> list[str]:
+def ssh_command(options: SshLaunchOptions, rank: int) -> list[str]:
     """The local `ssh` command for one host: batch mode, no terminal, keep-alives."""
     host = options.hosts[rank]
     argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={options.connect_timeout:g}"]
@@ -177,7 +177,7 @@ def ssh_command(options: SshOptions, rank: int) -> list[str]:
     return [*argv, "--", host.name, remote_command(options, rank)]
 
 
-def shown_command(options: SshOptions, rank: int) -> str:
+def shown_command(options: SshLaunchOptions, rank: int) -> str:
     """One host's ssh command as logs and --dry-run show it: what goes on stdin with passwords as ***."""
     argv = ssh_command(options, rank)
     hidden = stdin_environment(options)
@@ -190,7 +190,7 @@ def shown_command(options: SshOptions, rank: int) -> str:
 class _Fleet:
     """The local ssh processes, one per host, and the threads relaying their output."""
 
-    def __init__(self, options: SshOptions) -> None:
+    def __init__(self, options: SshLaunchOptions) -> None:
         self.options = options
         self.lock = threading.Lock()
         self.processes: list[subprocess.Popen] = []
@@ -258,7 +258,7 @@ class _Fleet:
                 process.send_signal(signum)
 
 
-def run(options: SshOptions) -> int:
+def run(options: SshLaunchOptions) -> int:
     """Start every host, relay their output, stop them all on the first failure or a signal; the worst exit code."""
     names = ", ".join(host.label for host in options.hosts)
     rendezvous = f"{options.master_addr or options.hosts[0].name}:{options.master_port}"
@@ -290,7 +290,7 @@ def run(options: SshOptions) -> int:
     return worst if worst or not received else 128 + received[0]
 
 
-def _supervise(fleet: _Fleet, options: SshOptions, received: list[int]) -> tuple[int, int] | None:
+def _supervise(fleet: _Fleet, options: SshLaunchOptions, received: list[int]) -> tuple[int, int] | None:
     """Wait until every host has ended, stopping them all on the first failure or a signal (`received`); the
     (rank, exit code) of the host that failed first, None when none did."""
     first_failure: tuple[int, int] | None = None
@@ -315,7 +315,7 @@ def _supervise(fleet: _Fleet, options: SshOptions, received: list[int]) -> tuple
         time.sleep(0.2)
 
 
-def _first_failure(fleet: _Fleet, options: SshOptions, ended: list[int]) -> tuple[int, int] | None:
+def _first_failure(fleet: _Fleet, options: SshLaunchOptions, ended: list[int]) -> tuple[int, int] | None:
     """(rank, exit code) of the first of the `ended` hosts that failed, announced; None when none did."""
     failed = [rank for rank in ended if fleet.processes[rank].returncode != 0]
     if not failed:

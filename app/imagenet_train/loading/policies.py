@@ -1,7 +1,7 @@
 """The --auto-augment policies: one table, POLICIES, with each word's torchvision.transforms.v2 builder (the CPU
 path, loading/augment.py) and its nvidia.dali.auto_aug builder (--decoder dali, loading/dali.py), or None where DALI
-has none. The config checks read it too, so it imports neither torch nor DALI: the builders are handed torchvision's
-v2 module, or import DALI, when they are called."""
+has none. The entry points' checks read it too (loading/installed.py), so it imports neither torch nor DALI: the
+builders are handed torchvision's v2 module, or import DALI, when they are called."""
 
 from __future__ import annotations
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from imagenet_train import waiting
 from imagenet_train.config import Config, RunConfig
-from imagenet_train.config_checks import checked
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.batches import RunBatches
 from imagenet_train.loading.workers import start_worker_server
+from imagenet_train.main.entry_checks import runnable
 from imagenet_train.planning.plan import preflight_check
 from imagenet_train.rundir.checkpoint import latest
 from imagenet_train.rundir.directory import RunDirectory
@@ -41,7 +41,7 @@ def train(cfg: Config) -> dict:
 
     Raises Preempted after a clean stop on SIGTERM/SIGUSR1 (the CLI exits with 128 + the signal).
     """
-    checked(cfg)
+    runnable(cfg)
     request = StopRequest()
     request.install()  # before the first collective: a signal during start-up is noted, not fatal
     info = init_distributed(cfg.run.collective_timeout, cfg.run.run_dir)

@@ -36,7 +36,7 @@ from imagenet_train.planning.position import Position, consumed_spans
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.rundir.checkpoint import RunState, Stateful, resume_path, save
 from imagenet_train.rundir.results_mirror import ResultsMirror
-from imagenet_train.rundir.run_record import EpochRecords, Launch, derived, startup_line
+from imagenet_train.rundir.run_record import EpochRecords, RankPlacement, derived, startup_line
 from imagenet_train.rundir.trackers import open_tracker
 
 FINAL = "final.pt"  # RUN_DIR/final.pt: the final weights as a plain state dict
@@ -83,7 +83,13 @@ class RunDirectory:
         return path
 
     def begin(
-        self, cfg: Config, info: Launch, schedule: Schedule, source: DataSource, amp: torch.dtype | None, epoch: int
+        self,
+        cfg: Config,
+        info: RankPlacement,
+        schedule: Schedule,
+        source: DataSource,
+        amp: torch.dtype | None,
+        epoch: int,
     ) -> None:
         """Rank 0: config.json with what the run derived from its settings and launch, and the tracker's run."""
         if self.records:

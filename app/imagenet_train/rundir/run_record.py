@@ -27,14 +27,14 @@ MAX_METRICS_BYTES = 64 << 20  # a line per epoch is a few hundred bytes; a bigge
 
 
 # What this module needs of training/'s DistInfo (rundir/ sits below training/) and of a tracker's run.
-class Launch(Protocol):
+class RankPlacement(Protocol):
     """Where this rank runs: the world size and its device (training.dist.DistInfo)."""
 
     world: int
     device: torch.device
 
 
-class Tracker(Protocol):
+class TrackerRun(Protocol):
     """An experiment tracker's run (rundir.trackers.TrackerSink, or a test's own)."""
 
     def begin(self, resolved: dict) -> None:
@@ -59,7 +59,7 @@ def write_config(run_dir: Path, config_json: str, derived: dict[str, Any]) -> di
 
 
 def derived(
-    info: Launch,
+    info: RankPlacement,
     schedule: Schedule,
     source: DataSource,
     amp: torch.dtype | None,
@@ -103,7 +103,7 @@ class EpochRecords:
     """Rank 0's record of the run: config.json, and each epoch's metrics.jsonl line, summary line on stdout,
     TensorBoard scalars and --tracker metrics."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool, tracker: Tracker | None = None):
+    def __init__(self, run_dir: Path, tensorboard: bool, tracker: TrackerRun | None = None):
         self.run_dir, self.tracker = run_dir, tracker
         self.events = EpochEvents(run_dir) if tensorboard else None
 

@@ -116,7 +116,7 @@ class StopVote(StepHook):
         """Vote; True when the ranks agreed to stop."""
         return bool(self.vote.cast())
 
-    def settle(self, stopped: bool, step: int) -> tuple[Verdict, int | None]:
+    def settle(self, stopped: bool, step: int) -> tuple[StopVerdict, int | None]:
         """After the epoch's loop, every rank's final word (a rank's failure is raised here) and the steps taken
         when the ranks stopped inside the epoch (None when it ran to its end)."""
         verdict, (stopped_mid_epoch, steps_taken) = self.vote.settle(int(stopped), step)
@@ -200,7 +200,9 @@ class StopRequest:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class StopVerdict:
+    """What the ranks' per-step vote decided: a stop signal some rank received, or a rank that failed."""
+
     signum: int  # the stop signal some rank received (0: none)
     failed_rank: int  # 1 + the first rank that failed (0: none)
 
@@ -258,17 +260,17 @@ class StepVote(Joinable):
             slot.event.record()
         return slot
 
-    def cast(self) -> Verdict:
+    def cast(self) -> StopVerdict:
         """Vote for this step; the verdict of the step `lag` votes ago (identical on every rank)."""
         self._issue()
         if self.cast_count <= self.lag:
-            return Verdict(0, 0)
+            return StopVerdict(0, 0)
         slot = self.slots[(self.cast_count - 1 - self.lag) % len(self.slots)]
         if slot.event is not None:
             slot.event.synchronize()  # recorded `lag` steps ago: long done, no wait in practice
-        return Verdict(int(slot.host_out[0]), int(slot.host_out[1]))
+        return StopVerdict(int(slot.host_out[0]), int(slot.host_out[1]))
 
-    def settle(self, *numbers: int) -> tuple[Verdict, list[int]]:
+    def settle(self, *numbers: int) -> tuple[StopVerdict, list[int]]:
         """Outside any Join: every rank's final word plus the maxima of `numbers` (e.g. steps taken)."""
         values = torch.tensor([*self._local(), *numbers], dtype=torch.int64)
         if self.info.enabled:
@@ -276,9 +278,9 @@ class StepVote(Joinable):
             dist.all_reduce(values, op=dist.ReduceOp.MAX)
         result = values.tolist()
         self.cast_count = 0  # a new loop starts its own lag
-        return Verdict(result[0], result[1]), result[2:]
+        return StopVerdict(result[0], result[1]), result[2:]
 
-    def raise_failure(self, verdict: Verdict) -> None:
+    def raise_failure(self, verdict: StopVerdict) -> None:
         """Every rank raises: the failed rank its own error, the others one that names it."""
         if not verdict.failed_rank:
             return

@@ -45,7 +45,7 @@ class Redirected(Exception):
     """The endpoint answered with a redirect, which a request carrying the token never follows."""
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
+class _NoRedirectWithToken(urllib.request.HTTPRedirectHandler):
     """Turns every redirect into an HTTPError: urllib's own handler would resend the Authorization header to
     wherever the Location points, http:// included."""
 
@@ -95,7 +95,7 @@ class Endpoint:
         )
         # No proxy: the endpoint is the Trainer controller's in-cluster Service, never behind the pod's HTTPS_PROXY.
         opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context), _NoRedirects
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context), _NoRedirectWithToken
         )
         try:
             with opener.open(request, timeout=TIMEOUT_S) as reply:

@@ -1,0 +1,31 @@
+"""The checks every entry point (train, evaluate, Ray, Lightning) runs before it starts: the settings in range and
+working together (config_checks.checked, on the ground floor), then what this installation must have for them, each
+from the layer that owns it: the decoder's library and the augmentation policy's builder (loading/installed.py), the
+tracker's library and its transport (rundir/trackers.py), timm for the optimizers and the loss that need it."""
+
+from __future__ import annotations
+
+from imagenet_train.choices import TIMM_OPTS, Loss, Opt
+from imagenet_train.config import Config
+from imagenet_train.config_checks import checked
+from imagenet_train.loading.installed import check_pipeline
+from imagenet_train.rundir.trackers import check_installed
+
+
+def runnable(cfg: Config) -> Config:
+    """`cfg` once its settings are checked (config_checks.checked) and this installation can run them."""
+    checked(cfg)
+    check_pipeline(cfg.data)
+    _check_timm(cfg)
+    check_installed(cfg.run.tracker)
+    return cfg
+
+
+def _check_timm(cfg: Config) -> None:
+    """The [timm] extra, for the optimizers and the loss that come from timm."""
+    from imagenet_train.compat import require_timm
+
+    if Opt(cfg.optim.opt) in TIMM_OPTS:
+        require_timm(f"--opt {cfg.optim.opt}")
+    if cfg.optim.loss == Loss.BCE:
+        require_timm("--loss bce")
