@@ -27,8 +27,8 @@ import torch
 
 from imagenet_train.choices import CompileMode
 from imagenet_train.config import Config
-from imagenet_train.main.entry_checks import runnable
 from imagenet_train.datasets.source import resolve_source
+from imagenet_train.main.entry_checks import runnable
 from imagenet_train.main.train import run_parts
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.loop import Trainer
