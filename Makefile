@@ -120,7 +120,7 @@ faults: venv system-deps
 	rev=$$(git describe --always --dirty); start=$$(date +%s); FAULTS_REPORT=$(FAULTS_REPORT) $(BIN)/python -m pytest -q --basetemp=$(CURDIR)/.faults/tmp tests/faults; status=$$?; \
 	  $(BIN)/python tools/fault_table.py $(FAULTS_REPORT) --seconds $$(( $$(date +%s) - start )) --revision "$$rev" --findings tests/faults/findings.md --out docs/reliability.md; \
 	  $(BIN)/python -m pytest -q -m slow tests/integration/test_resume.py tests/integration/test_trackers.py tests/integration/test_cache_bounded.py tests/security/test_secret_redaction.py \
-	    tests/integration/test_metrics_prometheus.py tests/integration/test_keep_checkpoints_run.py tests/integration/test_preflight.py || status=1; \
+	    tests/integration/test_metrics_prometheus.py tests/integration/test_outage_metrics.py tests/integration/test_keep_checkpoints_run.py tests/integration/test_preflight.py || status=1; \
 	  exit $$status
 
 # Training for real over two local sshd and on a local two-node Slurm (see docs/ssh.md and docs/slurm.md).

@@ -28,6 +28,7 @@ CRD_FILES = {
     ("ais.nvidia.com/v1beta1", "AIStore"): "ais.nvidia.com_aistores.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "trainer.kubeflow.org_trainingruntimes.yaml",
     ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
 }
 
 

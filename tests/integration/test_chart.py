@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_matrix import LAUNCHERS, MATRIX, RELEASE, SERVERS, entry_id, matrix_values, parse, render_py
-from k8s_rules import admission, aistore, prometheus_operator, training_operator
+from k8s_rules import admission, aistore, training_operator
 
 from chartkit.objects import render
 from imagenet_train.deployment import read_deployment
@@ -37,9 +37,6 @@ API_VERSIONS = [
     "ais.nvidia.com/v1beta1/AIStore",
 ]
 DEPLOYMENT_FILE = "/etc/imagenet-train/deployment.yaml"
-# Custom resources whose CRD is not vendored under tests/crds: checked against the documented API instead
-# (k8s_rules/prometheus_operator.py), not against the CRD.
-NOT_VENDORED = {("monitoring.coreos.com/v1", "PodMonitor")}
 
 
 def tool(name: str) -> str:
@@ -145,7 +142,7 @@ def unique_objects(rendered: dict) -> list[dict]:
 
 
 def test_core_objects_pass_kubernetes_validate_strict_for_1_30_to_1_35(rendered):
-    custom = set(k8s_checks.CRD_FILES) | NOT_VENDORED
+    custom = set(k8s_checks.CRD_FILES)
     core = [o for o in unique_objects(rendered) if (o["apiVersion"], o["kind"]) not in custom]
     failures = []
     for obj, version in itertools.product(core, VALIDATE_VERSIONS):
@@ -173,7 +170,7 @@ def test_custom_resources_match_their_published_crds_strictly(rendered):
     custom = [o for o in unique_objects(rendered) if (o["apiVersion"], o["kind"]) in k8s_checks.CRD_FILES]
     problems = [p for obj in custom for p in k8s_checks.crd_problems(obj)]
     assert not problems, "\n".join(problems[:20])
-    assert {o["kind"] for o in custom} == {"PyTorchJob", "TrainJob", "JobSet", "AIStore"}
+    assert {o["kind"] for o in custom} == {"PyTorchJob", "TrainJob", "JobSet", "AIStore", "PodMonitor"}
     print(f"CRD schemas: {len(custom)} distinct custom resources")
 
 
@@ -991,7 +988,7 @@ def test_with_metrics_on_each_local_rank_serves_a_named_port_that_the_podmonitor
             first, ranks = metrics["port"], _nproc(objects)
             assert flags[flags.index("--metrics-port") + 1] == str(first), where
             (monitor,) = monitors
-            assert not prometheus_operator.podmonitor_problems(monitor), where
+            assert not k8s_checks.crd_problems(monitor), where
             assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack", where
             selector = monitor["spec"]["selector"]["matchLabels"]
             assert all(_selects(selector, t) for t in training), where
@@ -1013,14 +1010,17 @@ def _ports(template: dict) -> list[dict]:
     return [p for c in template["spec"].get("containers", []) for p in c.get("ports", [])]
 
 
-def test_the_podmonitor_shape_check_catches_a_misspelt_field_and_a_bad_interval(rendered):
+def test_the_podmonitor_crd_check_catches_a_misspelt_field_a_bad_interval_and_a_wrong_type(rendered):
     monitor = next(o for o in unique_objects(rendered) if o["kind"] == "PodMonitor")
-    assert not prometheus_operator.podmonitor_problems(monitor)
+    assert not k8s_checks.crd_problems(monitor)
     bad = json.loads(json.dumps(monitor))
     bad["spec"]["podMetricsEndpoints"][0]["intervall"] = "30s"
     bad["spec"]["podMetricsEndpoints"][1]["interval"] = "30 seconds"
-    problems = prometheus_operator.podmonitor_problems(bad)
-    assert any("intervall" in p for p in problems) and any("30 seconds" in p for p in problems), problems
+    bad["spec"]["podMetricsEndpoints"][1]["portNumber"] = "9400"
+    problems = k8s_checks.crd_problems(bad)
+    assert any("intervall" in p for p in problems), problems
+    assert any("30 seconds" in p for p in problems), problems
+    assert any("portNumber" in p and "'9400' is not of type 'integer'" in p for p in problems), problems
 
 
 def test_the_dashboard_config_map_holds_files_dashboard_json_unchanged_for_grafanas_sidecar(rendered):

@@ -33,6 +33,7 @@ CRD_FILES = {
     "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml",
     "JobSet": "jobset.x-k8s.io_jobsets.yaml",
     "AIStore": "ais.nvidia.com_aistores.yaml",
+    "PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
 }
 # Functions and macros the vendored rules call (test_cel_rules_call_only_known_functions keeps this true);
 # all are CEL's own; the Kubernetes libraries (lists, strings, quantity, url...) are not needed yet.

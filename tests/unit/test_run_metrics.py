@@ -67,6 +67,7 @@ def test_a_checkpoint_sets_its_time_and_duration() -> None:
 
 def test_every_series_follows_prometheus_naming() -> None:
     metrics = RunMetrics(rank=3, node="node-a")
+    metrics.count_outages([])
     text = generate_latest(metrics.registry).decode()
     for family in text_string_to_metric_families(text):
         assert NAME.fullmatch(family.name), family.name
@@ -83,3 +84,27 @@ def test_without_a_port_the_calls_do_nothing() -> None:
     assert type(hook) is StepHook
     off.epoch_end({"train_loss": 1.0, "train_samples": 1}, (0, 0, 0))
     off.checkpoint_written(1.0)
+    off.count_outages([])
+
+
+class Loader:
+    """A loader whose workers' retries and outage seconds the test sets."""
+
+    def __init__(self, retries: int, seconds: float):
+        self.counts = (retries, seconds)
+
+    def outages(self) -> tuple[int, float]:
+        return self.counts
+
+
+def test_io_retries_and_outage_seconds_are_the_loaders_sum_read_at_each_scrape() -> None:
+    metrics = RunMetrics(rank=3, node="node-a")
+    train, val = Loader(2, 1.5), Loader(1, 0.25)
+    metrics.count_outages([train, val])
+    found = samples(metrics)
+    assert found["imagenet_train_io_retries_total{}"] == 3
+    assert found["imagenet_train_io_outage_seconds_total{}"] == 1.75
+    train.counts = (7, 31.5)  # the workers rode out another outage: the next scrape sees it, no step needed
+    found = samples(metrics)
+    assert found["imagenet_train_io_retries_total{}"] == 8
+    assert found["imagenet_train_io_outage_seconds_total{}"] == 31.75

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from imagenet_train import waiting
 from imagenet_train.errors import ImagenetTrainError, visible
+from imagenet_train.io import outage_tally
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class Outage:
         self.url, self.budget = url, budget
         self.started = time.monotonic() if since is None else since  # a stall's outage began with its window
         self.attempt = 0
+        self.counted = self.started  # the outage's seconds up to here are in the tally (/metrics)
 
     def wait(self, error: BaseException) -> None:
         """Sleep before the next attempt, or raise the one-line error once the budget is spent."""
@@ -103,6 +105,7 @@ class Outage:
         elapsed = time.monotonic() - self.started
         delay = backoff(self.attempt)
         if elapsed + delay > self.budget:
+            self._count(retries=0)
             raise ImagenetTrainError(
                 f"{self.url}: unreachable for {elapsed:.0f} s ({reason}); gave up at --io-timeout {self.budget:g} s"
             ) from None
@@ -110,6 +113,13 @@ class Outage:
             log.warning("waiting for %s: %s (%.0f s of --io-timeout %.0f s)", self.url, reason, elapsed, self.budget)
         self.attempt += 1
         waiting.sleep(delay, f"waiting for {self.url}")
+        self._count(retries=1)
+
+    def _count(self, retries: int) -> None:
+        """Tally the retry about to be made and the outage's seconds since the last count."""
+        now = time.monotonic()
+        outage_tally.record(retries, now - self.counted)
+        self.counted = now
 
 
 def describe(error: BaseException) -> str:

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from imagenet_train.config import MAX_CORRUPT_STREAK
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io import storage
+from imagenet_train.io import outage_tally, storage
 from imagenet_train.loading.batching import Batch, batched, collate
 from imagenet_train.loading.epochstate import EpochState, EpochStateFile, read_epoch_state
 from imagenet_train.loading.sized import at_size
@@ -87,6 +87,7 @@ class ShardStream(IterableDataset):
 
     def __post_init__(self):
         self.damage = DamageCounters(worker_context())
+        self.outages = outage_tally.OutageTally(worker_context())  # retries and outage seconds, for /metrics
         self.environment = storage.io_environment()
 
     def epoch_state(self) -> EpochState:
@@ -128,6 +129,7 @@ class ShardStream(IterableDataset):
 
     def __iter__(self) -> Iterator[Batch]:
         worker, workers = _worker()
+        outage_tally.count_into(self.outages)  # the outages this process rides out are this loader's
         if get_worker_info() is not None:
             storage.apply_io_environment(self.environment)
             if self.state_file:
@@ -235,6 +237,10 @@ class EpochLoader:
     def damage(self) -> tuple[int, int, int]:
         """(corrupt samples, broken shards, lost samples) this rank's workers met so far."""
         return self.stream.damage.snapshot()
+
+    def outages(self) -> tuple[int, float]:
+        """(I/O retries, seconds in outages) this rank's workers met so far."""
+        return self.stream.outages.snapshot()
 
     def _data_loader(self) -> DataLoader:
         if self.loader is None or not self.persistent:

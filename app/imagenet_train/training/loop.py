@@ -71,6 +71,7 @@ class Trainer:
         self.stop_signal = 0
         self.progress = progress.RunProgress.of(self.schedule, info.is_main)  # the TrainJob's status (rank 0)
         self.metrics = run_metrics(cfg.run.metrics_port, info)  # Prometheus' /metrics on every rank
+        self.metrics.count_outages([loader for loader in (self.batches.train, self.batches.val) if loader])
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> None:

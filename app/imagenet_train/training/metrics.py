@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -32,6 +33,14 @@ DAMAGE = ("corrupt_samples", "broken_shards", "lost_samples")  # the loader's da
 MEMORY_EVERY = 50  # steps between two reads of the CUDA allocator's counters (host calls, no sync)
 
 
+class OutageSource(Protocol):
+    """A loader that counts the I/O retries and outage seconds its workers met (loading/stream.py's EpochLoader)."""
+
+    def outages(self) -> tuple[int, float]:
+        """(I/O retries, seconds in outages) so far."""
+        ...
+
+
 class RunMetrics:
     """This rank's series, in a registry of its own; `serve` starts the HTTP endpoint for them."""
 
@@ -40,6 +49,7 @@ class RunMetrics:
 
         self.registry = registry or CollectorRegistry()
         labels = {"rank": str(rank), "node": node}
+        self.labels = [labels[name] for name in LABELS]
 
         def made(kind: type, name: str, doc: str, **options: object):  # one labelled child of a metric
             return kind(PREFIX + name, doc, LABELS, registry=self.registry, **options).labels(**labels)
@@ -111,6 +121,33 @@ class RunMetrics:
         self.checkpoint_seconds.observe(seconds)
         self.last_checkpoint.set(time.time())
 
+    def count_outages(self, loaders: Sequence[OutageSource]) -> None:
+        """Report the loaders' I/O retries and outage seconds, read when Prometheus scrapes (the step pays nothing)."""
+        self.registry.register(_Outages(loaders, self.labels))
+
+
+class _Outages:
+    """The I/O retries and outage seconds of a rank's loaders, as two counters read at each scrape: the workers
+    that wait the outages out count them in shared memory (io/outage_tally.py), where a scrape reads them live."""
+
+    def __init__(self, loaders: Sequence[OutageSource], labels: list[str]):
+        self.loaders, self.labels = loaders, labels
+
+    def collect(self) -> Iterator:
+        """The two counters, summed over the loaders."""
+        from prometheus_client.core import CounterMetricFamily
+
+        counts = [loader.outages() for loader in self.loaders]
+        retries = CounterMetricFamily(
+            PREFIX + "io_retries", "reads this rank's loaders retried after a failure (an outage)", labels=LABELS
+        )
+        retries.add_metric(self.labels, sum(count for count, _ in counts))
+        seconds = CounterMetricFamily(
+            PREFIX + "io_outage_seconds", "seconds this rank's loaders spent waiting out outages", labels=LABELS
+        )
+        seconds.add_metric(self.labels, sum(spent for _, spent in counts))
+        yield from (retries, seconds)
+
 
 class _StepMetrics(StepHook):
     def __init__(self, metrics: RunMetrics, wait: DataWait, device: torch.device):
@@ -150,6 +187,9 @@ class NoMetrics:
 
     def checkpoint_written(self, seconds: float) -> None:
         """Nothing to record."""
+
+    def count_outages(self, loaders: Sequence[OutageSource]) -> None:
+        """Nothing to report."""
 
 
 def run_metrics(port: int, info: DistInfo) -> RunMetrics | NoMetrics:

@@ -36,6 +36,10 @@ class Loader(Protocol):
         """(corrupt samples, broken shards, lost samples) met so far."""
         ...
 
+    def outages(self) -> tuple[int, float]:
+        """(I/O retries, seconds in outages) met so far."""
+        ...
+
     def epoch_report(self) -> dict[str, int]:
         """What the coming epoch's record says about its loading."""
         ...
