@@ -11,7 +11,7 @@ from imagenet_train.compat import require_timm
 from imagenet_train.config import Config, OptimConfig
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.main.entry_checks import runnable
-from imagenet_train.training.step import build_optimizer
+from imagenet_train.training.optimizers import build_optimizer
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,8 @@ from imagenet_train.config import Config
 from imagenet_train.config_checks import check_combinations
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.training import step
-from imagenet_train.training.step import CompiledForward, build_optimizer
+from imagenet_train.training.optimizers import build_optimizer
+from imagenet_train.training.step import CompiledForward
 
 
 class CompileSpy:

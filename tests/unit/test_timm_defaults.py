@@ -12,7 +12,7 @@ from imagenet_train.config_checks import checked
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.planning.schedule import Schedule
 from imagenet_train.training import models
-from imagenet_train.training.step import parameter_groups
+from imagenet_train.training.optimizers import parameter_groups
 
 pytestmark = pytest.mark.unit
 

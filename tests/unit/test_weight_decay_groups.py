@@ -8,7 +8,7 @@ import torch
 from imagenet_train.compat import ensure_torchvision
 from imagenet_train.config import OptimConfig
 from imagenet_train.training import models
-from imagenet_train.training.step import Decays, build_optimizer, parameter_groups
+from imagenet_train.training.optimizers import Decays, build_optimizer, parameter_groups
 
 pytestmark = pytest.mark.unit
 

@@ -36,8 +36,9 @@ from imagenet_train.training import models
 from imagenet_train.training.batch_input import normalize
 from imagenet_train.training.evaluation import Totals
 from imagenet_train.training.hooks import StepHook
+from imagenet_train.training.optimizers import build_optimizer
 from imagenet_train.training.progress import RunProgress
-from imagenet_train.training.step import build_criterion, build_optimizer, seed_augmentation
+from imagenet_train.training.step import build_criterion, seed_augmentation
 
 
 def refuse_uneven_modes(cfg: Config) -> None:
