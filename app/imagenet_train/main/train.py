@@ -3,22 +3,22 @@ batches and its run directory: `run_parts`), and the order they are torn down in
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 from imagenet_train import waiting
 from imagenet_train.config import Config, RunConfig
 from imagenet_train.config_checks import checked
-from imagenet_train.datasets.source import run_source
+from imagenet_train.datasets.source import DataSource, run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.batches import RunBatches
 from imagenet_train.loading.workers import start_worker_server
 from imagenet_train.planning.plan import preflight_check
-from imagenet_train.rundir.checkpoint import latest
+from imagenet_train.rundir.checkpoint import Stateful, latest
 from imagenet_train.rundir.directory import RunDirectory
 from imagenet_train.training.dist import (
     DistInfo,
@@ -135,11 +135,18 @@ def _peer_lost(error: BaseException, info: DistInfo, run: RunConfig, beat: Heart
 
 
 def run_parts(cfg: Config, info: DistInfo) -> RunParts:
-    """The trainer's batches and run directory on this rank, made when it asks (after its model)."""
-    return RunParts(
-        functools.partial(RunBatches, cfg, info.rank, info.world, info.device),
-        functools.partial(RunDirectory, cfg.run, cfg.data.io_timeout, info.local_rank, info.is_main),
-    )
+    """The trainer's batches and run directory on this rank, each made by a named function when the trainer asks
+    (after its model), so that a reader follows the config into them."""
+
+    def batches(source: DataSource, steps: int, epoch_length: float) -> RunBatches:
+        """The run's loaders: the first epoch `steps` batches long, the ramp's data epoch `epoch_length` epochs."""
+        return RunBatches(cfg, info.rank, info.world, info.device, source, steps, epoch_length)
+
+    def directory(saved: dict[str, Stateful], facts: dict[str, Any]) -> RunDirectory:
+        """RUN_DIR on this rank, its checkpoints holding `saved` and recording `facts`."""
+        return RunDirectory(cfg.run, cfg.data.io_timeout, info.local_rank, info.is_main, saved, facts)
+
+    return RunParts(batches, directory)
 
 
 def _left_unsaved(info: DistInfo, signum: int, where: str, reason: str, run: RunConfig) -> Preempted:
