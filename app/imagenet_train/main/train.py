@@ -47,12 +47,13 @@ def train(cfg: Config) -> dict:
     info = init_distributed(cfg.run.collective_timeout, cfg.run.run_dir)
     beat = Heartbeat(info.rank, info.world, cfg.run.collective_timeout).start() if info.enabled else None
     try:
+        cfg = cfg.for_world(info.world)  # each rank's batch from --global-batch-size, for preflight and the run
         if cfg.run.preflight:
             from imagenet_train.ops.preflight import run_preflight
 
             with waiting.blocking("the preflight checks (an all-reduce over every rank)"):
-                run_preflight(cfg.for_world(info.world), info)
-        result = _run_released(cfg.for_world(info.world), info, request, beat)
+                run_preflight(cfg, info)
+        result = _run_released(cfg, info, request, beat)
         if info.is_main:
             print(f"run directory: {Path(cfg.run.run_dir).resolve()}", flush=True)
         return result
@@ -71,11 +72,15 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest, beat: Heart
     parts = run_parts(cfg, info)
     try:
         with waiting.interruptible("fetching the shard index"):
-            source = run_source(cfg.data)
+            source = run_source(cfg.data, cfg.loader.io_timeout)
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)  # before the model: a plan that hangs
-        if info.is_main and info.device.type == "cpu" and (advice := cpu_advice(cfg.data.batch_size, cfg.data.workers)):
+        if (
+            info.is_main
+            and info.device.type == "cpu"
+            and (advice := cpu_advice(cfg.loader.batch_size, cfg.loader.workers))
+        ):
             log.warning("pre-flight: %s", advice)
-        if cfg.data.workers:
+        if cfg.loader.workers:
             start_worker_server()  # the workers' forkserver does its imports while the model is built
         with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
             # DDP's constructor broadcasts: a peer can be lost here
@@ -144,7 +149,7 @@ def run_parts(cfg: Config, info: DistInfo) -> RunParts:
 
     def directory(saved: dict[str, Stateful], facts: dict[str, Any]) -> RunDirectory:
         """RUN_DIR on this rank, its checkpoints holding `saved` and recording `facts`."""
-        return RunDirectory(cfg.run, cfg.data.io_timeout, info.local_rank, info.is_main, saved, facts)
+        return RunDirectory(cfg.run, cfg.loader.io_timeout, info.local_rank, info.is_main, saved, facts)
 
     return RunParts(batches, directory)
 
