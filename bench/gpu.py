@@ -27,9 +27,9 @@ from imagenet_train.training.loop import Trainer
 def trainer_for(args: argparse.Namespace, batches: int) -> Trainer:
     """The trainer as `imagenet-train train` builds it, on one GPU, resampled epochs of `batches` batches."""
     cfg = Config()
-    cfg.data.shards, cfg.data.workers, cfg.data.batch_size = args.shards, args.workers, args.batch_size
-    cfg.data.decoder, cfg.data.epoch_batches, cfg.data.num_classes = args.decoder, batches, 1000
-    cfg.data.train_crop_size = args.crop_size
+    cfg.data.shards, cfg.loader.workers, cfg.loader.batch_size = args.shards, args.workers, args.batch_size
+    cfg.loader.decoder, cfg.loader.epoch_batches, cfg.data.num_classes = args.decoder, batches, 1000
+    cfg.augment.train_crop_size = args.crop_size
     cfg.run.arch, cfg.run.amp, cfg.run.compile = "resnet50", "bf16", args.compile
     cfg.run.compile_mode, cfg.optim.fused_optimizer = CompileMode(args.compile_mode), args.fused_optimizer
     cfg.run.run_dir = tempfile.mkdtemp(prefix="bench-gpu-")

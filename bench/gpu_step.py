@@ -68,9 +68,9 @@ def variant_name(text: str) -> str:
 def trainer_for(args: argparse.Namespace, variant: Variant, batch_size: int, batches: int) -> Trainer:
     """The trainer as `imagenet-train train` builds it for this variant, on one device, resampled epochs."""
     cfg = Config()
-    cfg.data.shards, cfg.data.workers, cfg.data.batch_size = args.shards, args.workers, batch_size
-    cfg.data.decoder, cfg.data.epoch_batches, cfg.data.num_classes = args.decoder, batches, 1000
-    cfg.data.train_crop_size = args.crop_size
+    cfg.data.shards, cfg.loader.workers, cfg.loader.batch_size = args.shards, args.workers, batch_size
+    cfg.loader.decoder, cfg.loader.epoch_batches, cfg.data.num_classes = args.decoder, batches, 1000
+    cfg.augment.train_crop_size = args.crop_size
     cfg.run.arch, cfg.run.amp = args.arch, "bf16" if args.device == "cuda" else "off"
     cfg.run.compile, cfg.run.compile_mode, cfg.optim.fused_optimizer = variant.compile, variant.mode, variant.fused
     cfg.run.run_dir = tempfile.mkdtemp(prefix="bench-gpu-step-")

@@ -15,6 +15,7 @@ so the same script measures the code before and after a change (bench/epochs.py 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -109,14 +110,31 @@ def instrument(trainer: Trainer) -> dict[str, Spans]:
     return spans
 
 
+def configured(**settings: object) -> Config:
+    """A Config with each setting put in whichever section of this tree holds it: the sections differ between the
+    trees measured (before and after the data settings were split into data, loader and augment)."""
+    cfg = Config()
+    sections = [getattr(cfg, f.name) for f in dataclasses.fields(cfg)]
+    for name, value in settings.items():
+        setattr(next(section for section in sections if hasattr(section, name)), name, value)
+    return cfg
+
+
 def measure(args: argparse.Namespace) -> dict:
     """First-batch wait per epoch and the mean step split into forward, backward and the host-side rest."""
     torch.set_num_threads(1)
-    cfg = Config()
-    cfg.data.shards, cfg.data.train_crop_size, cfg.data.val_resize_size = args.shards, args.size, args.size
-    cfg.data.val_crop_size = args.size  # the check refuses a val resize below the crop
-    cfg.data.batch_size, cfg.data.workers, cfg.data.epoch_batches = args.batch, args.workers, args.batches
-    cfg.run.arch, cfg.run.epochs, cfg.run.run_dir = args.arch, args.epochs, tempfile.mkdtemp(prefix="bench-step-")
+    cfg = configured(
+        shards=args.shards,
+        train_crop_size=args.size,
+        val_resize_size=args.size,
+        val_crop_size=args.size,  # the check refuses a val resize below the crop
+        batch_size=args.batch,
+        workers=args.workers,
+        epoch_batches=args.batches,
+        arch=args.arch,
+        epochs=args.epochs,
+        run_dir=tempfile.mkdtemp(prefix="bench-step-"),
+    )
     cfg, info = checked(cfg), DistInfo(0, 1, 0, torch.device("cpu"))
     source = resolve_source(args.shards)
     trainer = Trainer(cfg, info, source, run_parts(cfg, info)) if run_parts else Trainer(cfg, info, source)

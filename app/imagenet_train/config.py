@@ -1,5 +1,6 @@
 """The run configuration: one declaration per setting (type, default, help, range), saved as `config.json`
-in every run. The `train` command's flags, their checks and their help all come from here."""
+in every run. The `train` command's flags, their checks and their help all come from here. Sections by concern:
+data (where the data is), loader (how each rank reads it), augment (what an image goes through), optim, run."""
 
 from __future__ import annotations
 
@@ -80,6 +81,17 @@ class DataConfig:
     val_urls: str = setting("", "validation shards as a URL spec (with --train-urls)", trust=Trust.PIPE)
     train_samples: int = setting(0, "samples in --train-urls (sets the epoch length)", minimum=0)
     num_classes: int = setting(0, "classes (0: from the index)", minimum=0)
+    max_classes: int = setting(
+        MAX_CLASSES,
+        "refuse an index (or --num-classes) with more classes than this before building the model: the head and "
+        "its optimizer state grow with them on every rank (ImageNet-21k has 21,841)",
+        minimum=1,
+        maximum=10_000_000,
+    )
+
+
+@dataclass
+class LoaderConfig:
     mode: Mode = setting(
         Mode.RESAMPLED,
         "resampled: shards drawn at random, equal batches per rank; split: every sample once, under Join; "
@@ -95,6 +107,90 @@ class DataConfig:
         maximum=1 << 24,
     )
     workers: int = setting(WORKERS, "DataLoader workers per rank", minimum=0, maximum=512)
+    decoder: Decoder = setting(
+        Decoder.SIMPLEJPEG,
+        "train-time JPEG decoder: simplejpeg (decode, then crop the uint8 image), fused (crop and DCT-scale "
+        "inside libjpeg-turbo via PyTurboJPEG; needs libturbojpeg), pil, or dali (NVIDIA DALI decodes on the GPU "
+        "with nvJPEG, fused with crop, flip and normalisation; its CPU backend without a GPU; "
+        "pip install 'imagenet-train[dali]')",
+        choices=Decoder,
+    )
+    shuffle_buffer: int = setting(1000, "samples in each shuffle buffer", minimum=0, maximum=1 << 24)
+    epoch_batches: int = setting(
+        EPOCH_BATCHES,
+        "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)",
+        minimum=0,
+    )
+    repeat: int = setting(
+        REPEAT,
+        "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)",
+        minimum=1,
+    )
+    ra_reps: int = setting(
+        0,
+        "repeated augmentation (torchvision's --ra-sampler --ra-reps, timm's --aug-repeats): each epoch reads a "
+        "fresh 1/N share of the shards N times, each copy augmented on its own (split mode deals a shard's copies "
+        "to N ranks; queue mode to whichever claim them), and the epoch stays one pass long; split and queue "
+        "modes (0 or 1: off)",
+        minimum=0,
+        maximum=64,
+    )
+    io_timeout: float = setting(
+        IO_TIMEOUT,
+        "seconds to wait out an outage of the shard server or bucket (capped exponential backoff with jitter) "
+        "before failing; long enough for a server pod to be rescheduled",
+        minimum=0,
+        maximum=7 * 24 * 3600,
+    )
+    on_broken_shard: BrokenShardPolicy = setting(
+        BrokenShardPolicy.SKIP,
+        "a truncated or corrupt shard: skip (keep the samples before the damage, count the rest as lost, warn) or fail",
+        choices=BrokenShardPolicy,
+    )
+    verify_shards: bool = setting(
+        True,
+        "check every shard against the sha256 and size in the index while reading it (about 3 percent of the "
+        "decode's CPU time); a mismatch is a broken shard, found at the shard's end (before use with "
+        "--cache-dir); protects only as far as the index itself is trusted",
+        trust=Trust.WHEN_OFF,
+    )
+    cache_dir: str = setting(
+        "",
+        "node-local directory to keep copies of remote shards in, so later epochs read local disk; with "
+        "--verify-shards each shard is checked there before any of it is used",
+    )
+    cache_max_bytes: int = setting(
+        0,
+        "most bytes --cache-dir may hold on a node, shared by its ranks and workers: least recently used copies "
+        "not being read are evicted to make room, a shard that cannot fit is read without caching (0: no limit)",
+        minimum=0,
+    )
+    max_image_pixels: int = setting(
+        MAX_IMAGE_PIXELS,
+        "refuse images whose header claims more pixels than this before decoding them (a corrupt sample); "
+        "bounds each worker's memory per image at pixels x 3 bytes (0: no cap)",
+        minimum=0,
+        maximum=1 << 32,
+    )
+    max_corrupt_streak: int = setting(
+        MAX_CORRUPT_STREAK,
+        "stop with an error when a DataLoader worker meets this many corrupt samples (images that do not decode, "
+        "bad labels) in a row, or ends its share of an epoch without one good sample: the data is not what the "
+        "decoder reads (0: only count them, as corrupt_samples in metrics.jsonl)",
+        minimum=0,
+        maximum=1 << 30,
+    )
+    loader_timeout: float = setting(
+        1200.0,
+        "seconds without a batch from the DataLoader workers before failing (0: wait forever); "
+        "must exceed --io-timeout",
+        minimum=0,
+        maximum=7 * 24 * 3600,
+    )
+
+
+@dataclass
+class AugmentConfig:
     train_crop_size: int = setting(
         CROP_SIZE, "training crop size (RandomResizedCrop)", minimum=1, maximum=8192, aliases=("image_size",)
     )
@@ -131,6 +227,17 @@ class DataConfig:
         minimum=1,
         maximum=8192,
     )
+    min_crop_scale: float = setting(
+        MIN_CROP_SCALE, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1
+    )
+    hflip: bool = setting(True, "random horizontal flips")
+    interpolation: Interpolation = setting(
+        Interpolation.BILINEAR,
+        "resampling of the training crop and the evaluation resize, with every --decoder (the --auto-augment "
+        "policy stays bilinear): bilinear (torchvision's default) or bicubic (timm's, and the ViT and EfficientNet "
+        "figures')",
+        choices=Interpolation,
+    )
     auto_augment: AutoAugment = setting(
         AutoAugment.NONE,
         "augmentation policy after the crop and flip, one entry each in loading/policies.py's POLICIES: "
@@ -145,104 +252,19 @@ class DataConfig:
         minimum=0,
         maximum=1,
     )
-    min_crop_scale: float = setting(
-        MIN_CROP_SCALE, "smallest image area fraction RandomResizedCrop keeps", above=0, maximum=1
-    )
-    hflip: bool = setting(True, "random horizontal flips")
-    decoder: Decoder = setting(
-        Decoder.SIMPLEJPEG,
-        "train-time JPEG decoder: simplejpeg (decode, then crop the uint8 image), fused (crop and DCT-scale "
-        "inside libjpeg-turbo via PyTurboJPEG; needs libturbojpeg), pil, or dali (NVIDIA DALI decodes on the GPU "
-        "with nvJPEG, fused with crop, flip and normalisation; its CPU backend without a GPU; "
-        "pip install 'imagenet-train[dali]')",
-        choices=Decoder,
-    )
-    shuffle_buffer: int = setting(1000, "samples in each shuffle buffer", minimum=0, maximum=1 << 24)
-    epoch_batches: int = setting(
-        EPOCH_BATCHES,
-        "batches per rank per epoch (0: one pass over the data; split mode: cut every rank here)",
+    mixup_alpha: float = setting(
+        0.0,
+        "MixUp on each training batch with this Beta alpha (0: off; torchvision's recipe 0.2); the targets become "
+        "soft, so the train loss is the cross-entropy against the mixed targets, higher than an unmixed run's",
         minimum=0,
+        maximum=100,
     )
-    repeat: int = setting(
-        REPEAT,
-        "split mode: each worker reads its shards this many times per epoch (with --epoch-batches)",
-        minimum=1,
-    )
-    io_timeout: float = setting(
-        IO_TIMEOUT,
-        "seconds to wait out an outage of the shard server or bucket (capped exponential backoff with jitter) "
-        "before failing; long enough for a server pod to be rescheduled",
+    cutmix_alpha: float = setting(
+        0.0,
+        "CutMix on each training batch with this Beta alpha (0: off; torchvision's recipe 1.0); with --mixup-alpha "
+        "too, each batch gets one of the two at random; soft targets as with --mixup-alpha",
         minimum=0,
-        maximum=7 * 24 * 3600,
-    )
-    on_broken_shard: BrokenShardPolicy = setting(
-        BrokenShardPolicy.SKIP,
-        "a truncated or corrupt shard: skip (keep the samples before the damage, count the rest as lost, warn) or fail",
-        choices=BrokenShardPolicy,
-    )
-    cache_dir: str = setting(
-        "",
-        "node-local directory to keep copies of remote shards in, so later epochs read local disk; with "
-        "--verify-shards each shard is checked there before any of it is used",
-    )
-    cache_max_bytes: int = setting(
-        0,
-        "most bytes --cache-dir may hold on a node, shared by its ranks and workers: least recently used copies "
-        "not being read are evicted to make room, a shard that cannot fit is read without caching (0: no limit)",
-        minimum=0,
-    )
-    verify_shards: bool = setting(
-        True,
-        "check every shard against the sha256 and size in the index while reading it (about 3 percent of the "
-        "decode's CPU time); a mismatch is a broken shard, found at the shard's end (before use with "
-        "--cache-dir); protects only as far as the index itself is trusted",
-        trust=Trust.WHEN_OFF,
-    )
-    max_image_pixels: int = setting(
-        MAX_IMAGE_PIXELS,
-        "refuse images whose header claims more pixels than this before decoding them (a corrupt sample); "
-        "bounds each worker's memory per image at pixels x 3 bytes (0: no cap)",
-        minimum=0,
-        maximum=1 << 32,
-    )
-    loader_timeout: float = setting(
-        1200.0,
-        "seconds without a batch from the DataLoader workers before failing (0: wait forever); "
-        "must exceed --io-timeout",
-        minimum=0,
-        maximum=7 * 24 * 3600,
-    )
-    max_classes: int = setting(
-        MAX_CLASSES,
-        "refuse an index (or --num-classes) with more classes than this before building the model: the head and "
-        "its optimizer state grow with them on every rank (ImageNet-21k has 21,841)",
-        minimum=1,
-        maximum=10_000_000,
-    )
-    interpolation: Interpolation = setting(
-        Interpolation.BILINEAR,
-        "resampling of the training crop and the evaluation resize, with every --decoder (the --auto-augment "
-        "policy stays bilinear): bilinear (torchvision's default) or bicubic (timm's, and the ViT and EfficientNet "
-        "figures')",
-        choices=Interpolation,
-    )
-
-    ra_reps: int = setting(
-        0,
-        "repeated augmentation (torchvision's --ra-sampler --ra-reps, timm's --aug-repeats): each epoch reads a "
-        "fresh 1/N share of the shards N times, each copy augmented on its own (split mode deals a shard's copies "
-        "to N ranks; queue mode to whichever claim them), and the epoch stays one pass long; split and queue "
-        "modes (0 or 1: off)",
-        minimum=0,
-        maximum=64,
-    )
-    max_corrupt_streak: int = setting(
-        MAX_CORRUPT_STREAK,
-        "stop with an error when a DataLoader worker meets this many corrupt samples (images that do not decode, "
-        "bad labels) in a row, or ends its share of an epoch without one good sample: the data is not what the "
-        "decoder reads (0: only count them, as corrupt_samples in metrics.jsonl)",
-        minimum=0,
-        maximum=1 << 30,
+        maximum=100,
     )
 
     def eval_crop_size(self) -> int:
@@ -315,20 +337,6 @@ class OptimConfig:
         "clip the gradients' global L2 norm to this before each step (0: off); steadies large-batch and fp16 runs",
         minimum=0,
         maximum=1e6,
-    )
-    mixup_alpha: float = setting(
-        0.0,
-        "MixUp on each training batch with this Beta alpha (0: off; torchvision's recipe 0.2); the targets become "
-        "soft, so the train loss is the cross-entropy against the mixed targets, higher than an unmixed run's",
-        minimum=0,
-        maximum=100,
-    )
-    cutmix_alpha: float = setting(
-        0.0,
-        "CutMix on each training batch with this Beta alpha (0: off; torchvision's recipe 1.0); with --mixup-alpha "
-        "too, each batch gets one of the two at random; soft targets as with --mixup-alpha",
-        minimum=0,
-        maximum=100,
     )
     model_ema: bool = setting(
         False,
@@ -548,12 +556,14 @@ class RunConfig:
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
-    def sections(self) -> tuple[DataConfig, OptimConfig, RunConfig]:
-        """The three sections, in the order config.json writes them."""
-        return self.data, self.optim, self.run
+    def sections(self) -> tuple[DataConfig, LoaderConfig, AugmentConfig, OptimConfig, RunConfig]:
+        """The five sections, in the order config.json writes them."""
+        return self.data, self.loader, self.augment, self.optim, self.run
 
     def to_json(self) -> str:
         """Every setting, by section, as config.json, each checkpoint and the tracker's params hold it: others may
@@ -563,7 +573,7 @@ class Config:
     def for_world(self, world_size: int) -> Config:
         """This config with each rank's batch derived from --global-batch-size (when set) for `world_size` ranks: the
         optimizer's batch, so each rank takes global / (ranks x --grad-accum-steps) per loader step."""
-        total, accumulate = self.data.global_batch_size, self.optim.grad_accum_steps
+        total, accumulate = self.loader.global_batch_size, self.optim.grad_accum_steps
         if not total:
             return self
         if total % (world_size * accumulate):
@@ -573,7 +583,7 @@ class Config:
                 f"{world_size * accumulate}"
             )
         batch = total // (world_size * accumulate)
-        return dataclasses.replace(self, data=dataclasses.replace(self.data, batch_size=batch))
+        return dataclasses.replace(self, loader=dataclasses.replace(self.loader, batch_size=batch))
 
     def validate(self) -> Config:
         """Reject a setting out of its range or closed set, naming the option; a closed set's word given as text
@@ -586,7 +596,7 @@ class Config:
         return self
 
 
-SECTIONS = (DataConfig, OptimConfig, RunConfig)
+SECTIONS = (DataConfig, LoaderConfig, AugmentConfig, OptimConfig, RunConfig)
 
 
 def defaults() -> dict[str, Any]:

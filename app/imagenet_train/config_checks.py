@@ -18,7 +18,7 @@ from imagenet_train.choices import (
     Opt,
     WarmupMethod,
 )
-from imagenet_train.config import Config, DataConfig
+from imagenet_train.config import AugmentConfig, Config
 from imagenet_train.errors import ImagenetTrainError, clip
 
 
@@ -31,20 +31,20 @@ def checked(cfg: Config) -> Config:
 
 def check_combinations(cfg: Config) -> None:
     """Refuse a run's Config whose settings cannot work together."""
-    data = cfg.data
+    data, loader = cfg.data, cfg.loader
     if not data.shards and not data.train_urls:
         raise ImagenetTrainError("--shards: give a shard index (or --train-urls)")
     _check_optimizer(cfg)
-    _check_resolution(data)
-    if data.ra_reps > 1 and data.mode == Mode.RESAMPLED:
+    _check_resolution(cfg.augment, loader.decoder)
+    if loader.ra_reps > 1 and loader.mode == Mode.RESAMPLED:
         raise ImagenetTrainError(
-            f"--ra-reps {data.ra_reps}: needs --mode split or queue (resampled mode draws shards at random already)"
+            f"--ra-reps {loader.ra_reps}: needs --mode split or queue (resampled mode draws shards at random already)"
         )
-    if cfg.run.total_samples and data.mode != Mode.RESAMPLED:
+    if cfg.run.total_samples and loader.mode != Mode.RESAMPLED:
         raise ImagenetTrainError("--total-samples: needs --mode resampled (an endless stream of equal batches)")
-    if data.loader_timeout and data.loader_timeout <= data.io_timeout:
+    if loader.loader_timeout and loader.loader_timeout <= loader.io_timeout:
         raise ImagenetTrainError(
-            f"--loader-timeout: {data.loader_timeout:g} s would give up before --io-timeout {data.io_timeout:g} s "
+            f"--loader-timeout: {loader.loader_timeout:g} s would give up before --io-timeout {loader.io_timeout:g} s "
             "has waited out an outage; expected 0 (wait forever) or more than --io-timeout"
         )
     _check_collective_timeout(cfg)
@@ -64,9 +64,9 @@ def _check_step_kernels(cfg: Config) -> None:
 def _check_collective_timeout(cfg: Config) -> None:
     """--collective-timeout outlasts a rank's longest legitimate wait for a batch, during which the others wait in
     the step's collective: a survivable outage must not end the run as a hang."""
-    data, limit = cfg.data, cfg.run.collective_timeout
+    loader, limit = cfg.loader, cfg.run.collective_timeout
     longest, name = (
-        (data.loader_timeout, "--loader-timeout") if data.loader_timeout else (data.io_timeout, "--io-timeout")
+        (loader.loader_timeout, "--loader-timeout") if loader.loader_timeout else (loader.io_timeout, "--io-timeout")
     )
     if limit < longest:
         raise ImagenetTrainError(
@@ -88,10 +88,10 @@ def _check_optimizer(cfg: Config) -> None:
         raise ImagenetTrainError(f"--nesterov: applies to --opt sgd and lars, not --opt {opt}; drop it")
     if optim.nesterov and not optim.momentum:
         raise ImagenetTrainError("--nesterov: needs a momentum; expected --momentum above 0")
-    if opt not in MOMENTUM_OPTS and cfg.data.mode != Mode.RESAMPLED:
+    if opt not in MOMENTUM_OPTS and cfg.loader.mode != Mode.RESAMPLED:
         # After Join only the momentum buffers are copied from a rank that ran every step (hooks.sync_optimizer_state).
         raise ImagenetTrainError(
-            f"--opt {opt}: --mode {cfg.data.mode} keeps replicas in step for SGD and LARS momentum only; "
+            f"--opt {opt}: --mode {cfg.loader.mode} keeps replicas in step for SGD and LARS momentum only; "
             "expected --mode resampled (or --opt sgd or lars)"
         )
 
@@ -112,23 +112,23 @@ def _check_recipe_settings(cfg: Config) -> None:
         raise ImagenetTrainError("--bce-target-threshold: applies to --loss bce only; drop it or add --loss bce")
 
 
-def _check_resolution(data: DataConfig) -> None:
+def _check_resolution(augment: AugmentConfig, decoder: Decoder) -> None:
     """The sizes and augmentations that cannot go together, each refused in one line."""
-    if bool(data.progressive_start_size) != bool(data.progressive_end_size):
+    if bool(augment.progressive_start_size) != bool(augment.progressive_end_size):
         raise ImagenetTrainError(
             "--progressive-start-size/--progressive-end-size: give both (progressive resizing) or neither"
         )
-    if data.progressive_end_epoch < data.progressive_start_epoch:
+    if augment.progressive_end_epoch < augment.progressive_start_epoch:
         raise ImagenetTrainError(
-            f"--progressive-end-epoch: {data.progressive_end_epoch} is before --progressive-start-epoch "
-            f"{data.progressive_start_epoch}; expected a ramp that ends at or after it starts"
+            f"--progressive-end-epoch: {augment.progressive_end_epoch} is before --progressive-start-epoch "
+            f"{augment.progressive_start_epoch}; expected a ramp that ends at or after it starts"
         )
-    if data.val_resize_size and data.val_resize_size < data.eval_crop_size():
+    if augment.val_resize_size and augment.val_resize_size < augment.eval_crop_size():
         raise ImagenetTrainError(
-            f"--val-resize-size: {data.val_resize_size} is smaller than the val crop {data.eval_crop_size()}; "
+            f"--val-resize-size: {augment.val_resize_size} is smaller than the val crop {augment.eval_crop_size()}; "
             "expected a resize at least as large as the crop"
         )
-    if data.random_erase and data.decoder == Decoder.DALI:
+    if augment.random_erase and decoder == Decoder.DALI:
         raise ImagenetTrainError(
             "--random-erase: not available with --decoder dali (DALI has no RandomErasing); "
             "use another --decoder or --random-erase 0"

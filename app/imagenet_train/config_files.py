@@ -4,22 +4,27 @@ command line only (docs/security.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from imagenet_train.config import SECTIONS
+from imagenet_train.config import SECTIONS, Config
 from imagenet_train.declarations import Setting, Trust, canonical_names, declared, did_you_mean, flag, problem
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.redact import MARK, is_redacted, redact
 from imagenet_train.yaml_input import read_mapping
 
+# config.json's sections by key, in its order (data, loader, augment, optim, run).
+SECTION_NAMES = tuple(f.name for f in dataclasses.fields(Config))
+
 
 def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """A config file's settings, checked: flat names (`batch_size: 64`), or a run's config.json sections."""
-    if set(values) <= {"data", "optim", "run", "derived"} and all(isinstance(v, dict) for v in values.values()):
-        values = {k: v for name in ("data", "optim", "run") for k, v in values.get(name, {}).items()}
+    """A config file's settings, checked: flat names (`batch_size: 64`), or a run's config.json sections, today's
+    or those of runs written before the data section was split (data, optim, run): a setting's name is its key."""
+    if set(values) <= {*SECTION_NAMES, "derived"} and all(isinstance(v, dict) for v in values.values()):
+        values = {k: v for name in SECTION_NAMES for k, v in values.get(name, {}).items()}
     kinds = {d.name: (type(d.default), rule) for section in SECTIONS for d, rule in declared(section)}
     renamed = canonical_names(SECTIONS)
     checked = {}

@@ -330,7 +330,7 @@ def problems(values: Mapping[str, Any], name: str | None = None) -> list[str]:
         if owned:
             errors.append(f"train.{owned[0]}: set by the chart (shards, results, cache, metrics); remove it from train")
         config = Config()
-        config.data.global_batch_size = settings.get("global_batch_size", 0)
+        config.loader.global_batch_size = settings.get("global_batch_size", 0)
         config.optim.grad_accum_steps = settings.get("grad_accum_steps", 1)
         config.for_world(int(launcher["nodes"]) * nproc(values))
     except ImagenetTrainError as error:

@@ -35,21 +35,21 @@ def _samples(cfg: Config) -> int | None:
 def derived(cfg: Config, world: int, where: str) -> dict[str, Any]:
     """What a run of `cfg` on `world` ranks derives from its settings, before it reads any data."""
     run_cfg = cfg.for_world(world)  # --global-batch-size divided over the ranks (an error when it does not divide)
-    data = run_cfg.data
+    data, loader = run_cfg.data, run_cfg.loader
     samples = _samples(run_cfg)
     schedule = Schedule.of(run_cfg, samples or 1, None, world)
     known = samples is not None
     return {
         "world_size": world,
         "world_size_from": where,
-        "mode": Mode(data.mode).value,
+        "mode": Mode(loader.mode).value,
         "data": {
             "shards": data.shards or None,
             "train_urls": data.train_urls or None,
             "val_urls": data.val_urls or None,
             "train_samples": samples if known else UNKNOWN,
         },
-        "batch_size": data.batch_size,
+        "batch_size": loader.batch_size,
         "global_batch": schedule.global_batch,
         "optimizer_batch": schedule.optimizer_batch,
         "base_lr": schedule.base_lr,

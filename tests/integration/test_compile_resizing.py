@@ -73,9 +73,9 @@ def test_progressive_resizing_compiles_one_static_graph_per_crop_size_over_the_r
     recorder = RecordingBackend(backend)
     monkeypatch.setattr(step, "COMPILE_BACKEND", recorder)
     cfg = Config()
-    cfg.data.shards, cfg.data.workers, cfg.data.batch_size = str(two_batch_shards), 1, BATCH
-    cfg.data.progressive_start_size, cfg.data.progressive_end_size = 32, 96  # 32, 64, 96 px
-    cfg.data.progressive_start_epoch, cfg.data.progressive_end_epoch = 0, 2
+    cfg.data.shards, cfg.loader.workers, cfg.loader.batch_size = str(two_batch_shards), 1, BATCH
+    cfg.augment.progressive_start_size, cfg.augment.progressive_end_size = 32, 96  # 32, 64, 96 px
+    cfg.augment.progressive_start_epoch, cfg.augment.progressive_end_epoch = 0, 2
     cfg.run.arch, cfg.run.compile, cfg.run.epochs, cfg.run.tensorboard = "resnet18", True, 4, False
     cfg.optim.warmup_epochs = 0
     cfg.run.run_dir = str(tmp_path / "run")

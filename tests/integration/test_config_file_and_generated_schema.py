@@ -30,7 +30,7 @@ def test_a_config_file_sets_what_it_names_and_flags_given_override_it(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("shards: /data/shards.json\nbatch_size: 64\nlr: 0.2\nhflip: false\nmode: split\n")
     cfg = config_of("--config", str(path), "--lr", "0.3")
-    assert (cfg.data.shards, cfg.data.batch_size, cfg.data.hflip, cfg.data.mode) == (
+    assert (cfg.data.shards, cfg.loader.batch_size, cfg.augment.hflip, cfg.loader.mode) == (
         "/data/shards.json",
         64,
         False,
@@ -74,10 +74,10 @@ def test_bad_config_files_are_one_line_errors_naming_the_file_and_key(tmp_path, 
 @pytest.mark.unit
 def test_global_batch_size_derives_each_ranks_batch_or_names_the_world_it_does_not_divide():
     cfg = config_of("--shards", "x", "--global-batch-size", "96")
-    assert cfg.for_world(3).data.batch_size == 32 and cfg.for_world(1).data.batch_size == 96
+    assert cfg.for_world(3).loader.batch_size == 32 and cfg.for_world(1).loader.batch_size == 96
     with pytest.raises(Exception, match="--global-batch-size: 96 does not divide over 5 ranks"):
         cfg.for_world(5)
-    assert config_of("--shards", "x").for_world(5).data.batch_size == 256
+    assert config_of("--shards", "x").for_world(5).loader.batch_size == 256
 
 
 def test_the_chart_schema_and_the_docs_settings_table_are_generated_from_the_declarations():

@@ -39,7 +39,7 @@ def test_resampled_ranks_get_equal_batches_over_nginx(shard_server, digit_shards
     assert len(val) == 359 and set(val.values()) == {1}  # every val sample evaluated exactly once
     assert metrics[-1]["val_samples"] == 359
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["derived"]["world_size"] == 2 and config["data"]["mode"] == "resampled"
+    assert config["derived"]["world_size"] == 2 and config["loader"]["mode"] == "resampled"
     assert config["optim"]["clip_grad_norm"] == 1.0  # clipped steps keep the replicas in sync (checked above)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["epoch-0000.pt", "epoch-0001.pt"]
     assert "run directory:" in result.stdout

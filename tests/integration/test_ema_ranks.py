@@ -53,7 +53,7 @@ def test_with_gradient_accumulation_the_ema_updates_once_per_optimizer_step_and_
     result = _torchrun_driver([*args, "--global-batch-size", "192", "--grad-accum-steps", "3"])
     assert result.returncode == 0, result.stderr[-3000:]
     written = json.loads((run_dir / "config.json").read_text())
-    assert written["data"]["batch_size"] == 32
+    assert written["loader"]["batch_size"] == 32
     assert (written["derived"]["global_batch"], written["derived"]["optimizer_batch"]) == (64, 192)
     (record,) = read_metrics(run_dir)
     steps = max(record["batches_per_rank"])

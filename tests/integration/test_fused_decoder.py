@@ -137,6 +137,6 @@ def test_fused_decoder_is_picklable_and_runs_in_loader_workers(digit_shards):
 
 def test_unknown_decoder_is_a_one_line_error():
     config = Config()
-    config.data.shards, config.data.decoder = "shards.json", "nvjpeg"
+    config.data.shards, config.loader.decoder = "shards.json", "nvjpeg"
     with pytest.raises(ImagenetTrainError, match="--decoder: expected one of simplejpeg, fused, pil"):
         checked(config)

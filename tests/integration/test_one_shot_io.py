@@ -45,7 +45,7 @@ def run_config(folder: Path, url: str) -> Path:
     cfg.data.shards, cfg.run.run_dir = url, str(folder / "run")
     path = folder / "config.json"
     path.write_text(cfg.to_json())
-    assert cfg.data.io_timeout == 900
+    assert cfg.loader.io_timeout == 900
     return path
 
 

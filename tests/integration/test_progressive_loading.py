@@ -66,8 +66,8 @@ def test_dali_batches_follow_the_crop_schedule_on_the_same_workers(digit_shards)
 
 def test_evaluation_batches_have_the_val_crop_size_while_training_uses_another(digit_shards):
     cfg = Config()
-    cfg.data.shards, cfg.data.workers, cfg.data.batch_size, cfg.data.epoch_batches = str(digit_shards), 1, 8, 2
-    cfg.data.train_crop_size, cfg.data.val_resize_size, cfg.data.val_crop_size = 32, 56, 48
+    cfg.data.shards, cfg.loader.workers, cfg.loader.batch_size, cfg.loader.epoch_batches = str(digit_shards), 1, 8, 2
+    cfg.augment.train_crop_size, cfg.augment.val_resize_size, cfg.augment.val_crop_size = 32, 56, 48
     source = resolve_source(str(digit_shards))
     schedule = Schedule.of(cfg, source.train_samples, source.train_sizes, 1)
     train = train_loader(cfg, 0, 1, CPU, source, schedule.epoch_batches(0))

@@ -43,9 +43,9 @@ def downloaded_run(folder: Path, **data: object) -> Path:
     writes, with `data` settings of the attacker's choosing; the folder."""
     folder.mkdir()
     cfg = Config()
-    cfg.run.arch, cfg.data.num_classes, cfg.data.workers = "resnet18", 2, 0
+    cfg.run.arch, cfg.data.num_classes, cfg.loader.workers = "resnet18", 2, 0
     torch.save(architecture(cfg.run, 2).state_dict(), folder / "final.pt")
-    cfg.data.train_crop_size = cfg.data.val_crop_size = cfg.data.val_resize_size = 32
+    cfg.augment.train_crop_size = cfg.augment.val_crop_size = cfg.augment.val_resize_size = 32
     cfg.run.run_dir = str(folder)
     for name, value in data.items():
         setattr(cfg.data, name, value)

@@ -10,7 +10,7 @@ import torch
 from imagenet_train.choices import AutoAugment
 from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import _config_from
-from imagenet_train.config import DataConfig
+from imagenet_train.config import AugmentConfig
 from imagenet_train.declarations import declared
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading import dali, policies
@@ -38,7 +38,7 @@ def refusal(call) -> str:
 
 def test_every_enum_member_has_one_table_entry_and_the_setting_offers_exactly_the_table():
     assert list(POLICIES) == list(AutoAugment)
-    (rule,) = [rule for declaration, rule in declared(DataConfig) if declaration.name == "auto_augment"]
+    (rule,) = [rule for declaration, rule in declared(AugmentConfig) if declaration.name == "auto_augment"]
     assert rule.choices == tuple(str(name) for name in POLICIES)
 
 
@@ -90,7 +90,7 @@ def test_an_enum_member_without_an_entry_is_refused_when_the_settings_are_read(m
 
 def test_a_policy_without_a_dali_builder_is_refused_in_one_line_under_decoder_dali(monkeypatch):
     monkeypatch.setitem(POLICIES, AutoAugment.RA, Policy(cpu=POLICIES[AutoAugment.RA].cpu, dali=None))
-    assert runnable(config_of("--auto-augment", "ra")).data.auto_augment == "ra"  # the CPU path keeps it
+    assert runnable(config_of("--auto-augment", "ra")).augment.auto_augment == "ra"  # the CPU path keeps it
     if not dali.available():
         pytest.skip("NVIDIA DALI not installed: --decoder dali is refused before the policy")
     message = refusal(lambda: runnable(config_of("--auto-augment", "ra", "--decoder", "dali")))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from imagenet_train.config import Config, DataConfig
+from imagenet_train.config import AugmentConfig, Config
 from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.schedule import Schedule
 
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.unit
 
 def test_without_a_ramp_every_epoch_uses_the_train_crop_size():
     assert CropSchedule(176).sizes(5) == [176] * 5
-    assert CropSchedule.of(DataConfig()).sizes(3) == [224] * 3
+    assert CropSchedule.of(AugmentConfig()).sizes(3) == [224] * 3
 
 
 def test_the_ramp_holds_the_start_size_then_rises_linearly_and_holds_the_end_size():
@@ -39,7 +39,7 @@ def test_a_ramp_that_starts_and_ends_at_one_epoch_is_a_step():
 
 
 def test_the_schedule_of_a_run_comes_from_its_progressive_settings():
-    data = DataConfig(
+    data = AugmentConfig(
         progressive_start_size=160, progressive_end_size=192, progressive_start_epoch=1, progressive_end_epoch=2
     )
     assert CropSchedule.of(data).sizes(4) == [160, 160, 192, 192]
@@ -49,7 +49,7 @@ def test_under_shorter_loop_epochs_the_ramp_counts_data_epochs_as_the_lr_does():
     # FFCV's 88-epoch ramp (160 px to epoch 65, 192 px from 76) in a run of 4x shorter loop epochs
     # (--epoch-batches at a quarter of a pass): the sizes change at the same samples seen, 4x later in loop epochs.
     cfg = Config()
-    data, cfg.run.epochs, cfg.data.batch_size, cfg.data.epoch_batches = cfg.data, 88 * 4, 100, 250
+    data, cfg.run.epochs, cfg.loader.batch_size, cfg.loader.epoch_batches = cfg.augment, 88 * 4, 100, 250
     data.progressive_start_size, data.progressive_end_size = 160, 192
     data.progressive_start_epoch, data.progressive_end_epoch = 65, 76
     schedule = Schedule.of(cfg, train_samples=100_000, train_sizes=None, world=1)
@@ -62,7 +62,7 @@ def test_under_shorter_loop_epochs_the_ramp_counts_data_epochs_as_the_lr_does():
 
 def test_without_epoch_batches_a_loop_epoch_is_one_data_epoch():
     cfg = Config()
-    cfg.run.epochs, cfg.data.batch_size = 5, 64
+    cfg.run.epochs, cfg.loader.batch_size = 5, 64
     assert Schedule.of(cfg, train_samples=10_000, train_sizes=None, world=2).interval_epochs == 1.0
 
 

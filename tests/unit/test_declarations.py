@@ -82,9 +82,9 @@ def test_the_enums_name_exactly_the_words_config_and_the_chart_accept():
 
 def test_a_config_holding_enum_members_saves_and_loads_back_as_the_words():
     cfg = Config()
-    cfg.data.decoder, cfg.data.on_broken_shard, cfg.data.mode = Decoder.FUSED, BrokenShardPolicy.FAIL, Mode.SPLIT
+    cfg.loader.decoder, cfg.loader.on_broken_shard, cfg.loader.mode = Decoder.FUSED, BrokenShardPolicy.FAIL, Mode.SPLIT
     saved = json.loads(cfg.to_json())
-    assert (saved["data"]["decoder"], saved["data"]["on_broken_shard"], saved["data"]["mode"]) == (
+    assert (saved["loader"]["decoder"], saved["loader"]["on_broken_shard"], saved["loader"]["mode"]) == (
         "fused",
         "fail",
         "split",
@@ -98,10 +98,10 @@ def test_every_closed_set_is_declared_as_its_enum_and_a_word_becomes_the_member(
     assert [d.name for d, _ in closed if not isinstance(d.default, Enum)] == []
     assert all(d.type == type(d.default).__name__ for d, _ in closed)  # annotated with the enum, not str
     cfg = Config()
-    cfg.data.mode, cfg.optim.opt, cfg.run.amp = "split", "lars", "bf16"  # as code or an old caller gives them
+    cfg.loader.mode, cfg.optim.opt, cfg.run.amp = "split", "lars", "bf16"  # as code or an old caller gives them
     cfg.validate()
-    assert (cfg.data.mode, cfg.optim.opt, cfg.run.amp) == (Mode.SPLIT, Opt.LARS, Amp.BF16)
-    assert type(cfg.data.mode) is Mode and type(cfg.optim.opt) is Opt and type(cfg.run.amp) is Amp
+    assert (cfg.loader.mode, cfg.optim.opt, cfg.run.amp) == (Mode.SPLIT, Opt.LARS, Amp.BF16)
+    assert type(cfg.loader.mode) is Mode and type(cfg.optim.opt) is Opt and type(cfg.run.amp) is Amp
 
 
 # Flags other commands share with `train` in the same meaning. (`shards --workers` or `--seed` are the

@@ -87,7 +87,7 @@ def test_ema_decay_with_accumulation_counts_the_samples_of_each_optimizer_step()
     # steps of global batch x accumulation samples: 4 x 256 x 8 x 32 samples over 90 epochs here.
     assert update_decay(0.99998, 4 * 256 * 8, 32, 90) == pytest.approx(1 - 2e-5 * 4 * 256 * 8 * 32 / 90)
     cfg = Config()
-    cfg.data.batch_size, cfg.run.epochs, cfg.optim.model_ema, cfg.optim.model_ema_steps = 64, 90, True, 4
+    cfg.loader.batch_size, cfg.run.epochs, cfg.optim.model_ema, cfg.optim.model_ema_steps = 64, 90, True, 4
     plain = Schedule.of(cfg, 51_200, None, 4)
     cfg.optim.grad_accum_steps = 8
     accumulated = Schedule.of(cfg, 51_200, None, 4)

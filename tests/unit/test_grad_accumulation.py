@@ -74,7 +74,7 @@ def test_ddp_syncs_gradients_only_after_the_groups_last_batch(tmp_path):
 
 def _schedule(accumulate: int, **optim) -> Schedule:
     cfg = Config()
-    cfg.data.batch_size, cfg.run.epochs, cfg.optim.grad_accum_steps = 32, 10, accumulate
+    cfg.loader.batch_size, cfg.run.epochs, cfg.optim.grad_accum_steps = 32, 10, accumulate
     for key, value in optim.items():
         setattr(cfg.optim, key, value)
     return Schedule.of(cfg, train_samples=6400, train_sizes=None, world=2)
@@ -104,9 +104,9 @@ def test_the_global_batch_is_the_optimizers_so_each_rank_takes_its_share_of_ever
     # A 4,096-batch recipe on 4 ranks with 8 accumulation steps: 128 per rank per loader step, 4,096 per optimizer
     # step, and the LR scaled for 4,096 as without accumulation on 32 ranks.
     cfg = Config()
-    cfg.data.global_batch_size, cfg.optim.grad_accum_steps = 4096, 8
+    cfg.loader.global_batch_size, cfg.optim.grad_accum_steps = 4096, 8
     accumulated = cfg.for_world(4)
-    assert accumulated.data.batch_size == 128
+    assert accumulated.loader.batch_size == 128
     schedule = Schedule.of(accumulated, train_samples=409_600, train_sizes=None, world=4)
     assert schedule.optimizer_batch == 4096 and schedule.global_batch == 512
     cfg.optim.grad_accum_steps = 1

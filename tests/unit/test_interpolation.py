@@ -65,5 +65,5 @@ def test_the_policy_runs_under_bicubic_and_the_flag_reaches_the_config():
         assert chosen.interpolation == BILINEAR
         assert all(chosen(crop).shape == crop.shape for _ in range(30))
     cfg = _config_from(build_parser().parse_args(["train", "--shards", "x", "--interpolation", "bicubic"]))
-    assert cfg.data.interpolation == "bicubic"
+    assert cfg.augment.interpolation == "bicubic"
     assert FusedCropDecoder(32, interpolation="bicubic").at_size(48).interpolation == "bicubic"

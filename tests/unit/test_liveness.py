@@ -28,7 +28,7 @@ def beats(**counts: int) -> dict[int, Beat]:
 def test_the_default_outlasts_the_longest_wait_for_a_batch_and_is_under_the_old_half_hour():
     defaults = Config()
     assert defaults.run.collective_timeout == COLLECTIVE_TIMEOUT < 30 * 60
-    assert COLLECTIVE_TIMEOUT >= defaults.data.loader_timeout > IO_TIMEOUT
+    assert COLLECTIVE_TIMEOUT >= defaults.loader.loader_timeout > IO_TIMEOUT
     defaults.data.shards = "shards.json"
     checked(defaults)
 
@@ -38,10 +38,10 @@ def test_a_timeout_shorter_than_the_wait_for_a_batch_is_refused_naming_both_flag
     cfg.data.shards, cfg.run.collective_timeout = "shards.json", 600
     with pytest.raises(ImagenetTrainError, match=r"^--collective-timeout: 600 s would end the run .*--loader-timeout"):
         checked(cfg)
-    cfg.data.io_timeout, cfg.data.loader_timeout = 300, 500  # lowered together: a 10-minute limit is fine
+    cfg.loader.io_timeout, cfg.loader.loader_timeout = 300, 500  # lowered together: a 10-minute limit is fine
     checked(cfg)
-    cfg.data.loader_timeout = 0  # the loader waits forever: the outage's own budget is the bound
-    cfg.data.io_timeout = 900
+    cfg.loader.loader_timeout = 0  # the loader waits forever: the outage's own budget is the bound
+    cfg.loader.io_timeout = 900
     with pytest.raises(ImagenetTrainError, match=r"--io-timeout 900 s\) and the others wait"):
         checked(cfg)
 

@@ -54,9 +54,9 @@ def test_triangular_falls_in_a_straight_line_to_zero():
 
 def schedule(train_samples: int = 10_000, **changes) -> Schedule:
     cfg = Config()
-    cfg.data.batch_size, cfg.run.epochs = 32, 20
+    cfg.loader.batch_size, cfg.run.epochs = 32, 20
     for key, value in changes.items():
-        section = next(s for s in (cfg.data, cfg.optim, cfg.run) if hasattr(s, key))
+        section = next(s for s in cfg.sections() if hasattr(s, key))
         setattr(section, key, value)
     return Schedule.of(cfg, train_samples=train_samples, train_sizes=None, world=2)
 

@@ -102,6 +102,6 @@ def test_settings_that_cannot_work_together_are_refused_in_one_line(changes, mes
     cfg = Config()
     cfg.data.shards = "shards.json"
     for key, value in changes.items():
-        setattr(cfg.data if hasattr(cfg.data, key) else cfg.optim, key, value)
+        setattr(next(s for s in cfg.sections() if hasattr(s, key)), key, value)
     with pytest.raises(ImagenetTrainError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         runnable(cfg)

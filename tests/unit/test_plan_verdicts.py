@@ -158,7 +158,7 @@ def test_a_global_batch_larger_than_the_data_is_refused_with_a_batch_that_fits(m
 @pytest.mark.unit
 def test_the_pre_flight_refuses_a_batch_larger_than_the_data_in_one_line_even_with_force():
     cfg = Config()
-    cfg.data.mode, cfg.data.batch_size, cfg.data.workers, cfg.run.force = "queue", 4096, 2, True
+    cfg.loader.mode, cfg.loader.batch_size, cfg.loader.workers, cfg.run.force = "queue", 4096, 2, True
     with pytest.raises(ImagenetTrainError) as caught:
         plan.preflight_check(cfg, DIGITS, world=2)
     message = str(caught.value)

@@ -73,7 +73,7 @@ def test_the_header_names_the_anchor_its_figure_as_the_anchors_and_the_run_it_de
 def test_the_recipe_loads_through_train_config_and_passes_its_checks(path):
     cfg = checked(train_config(["--config", str(path), "--train-urls", "x-{0..9}.tar", "--train-samples", "10"]))
     nodes, per_node = world(path)
-    assert cfg.for_world(nodes * per_node).data.batch_size * nodes * per_node == cfg.data.global_batch_size
+    assert cfg.for_world(nodes * per_node).loader.batch_size * nodes * per_node == cfg.loader.global_batch_size
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)

@@ -7,7 +7,7 @@ import pytest
 
 from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import _config_from
-from imagenet_train.config import Config, DataConfig
+from imagenet_train.config import AugmentConfig, Config
 from imagenet_train.config_checks import checked
 from imagenet_train.config_files import load_settings
 from imagenet_train.errors import ImagenetTrainError
@@ -21,48 +21,48 @@ def config_of(*flags: str) -> Config:
     return _config_from(build_parser().parse_args(["train", "--shards", "x", *flags]))
 
 
-def val_resize(data: DataConfig) -> int:
+def val_resize(data: AugmentConfig) -> int:
     """The short side the evaluation preset resizes to before its centre crop."""
     preset = ValPreset(data.eval_crop_size(), data.val_resize_size or None)
     return preset.build().transform.transforms[0].size[0]
 
 
 def test_defaults_train_at_224_and_evaluate_resize_256_crop_224():
-    data = config_of().data
+    data = config_of().augment
     assert (data.train_crop_size, data.eval_crop_size(), val_resize(data)) == (224, 224, 256)
 
 
 def test_torchvision_names_set_train_and_eval_sizes_apart():
-    data = config_of("--train-crop-size", "176", "--val-resize-size", "232", "--val-crop-size", "224").data
+    data = config_of("--train-crop-size", "176", "--val-resize-size", "232", "--val-crop-size", "224").augment
     assert (data.train_crop_size, data.eval_crop_size(), val_resize(data)) == (176, 224, 232)
 
 
 def test_torchvisions_own_rn50_v2_command_evaluates_at_224_whatever_the_train_crop():
     # torchvision's command gives no --val-crop-size: its default, 224, holds whatever --train-crop-size says.
-    data = config_of("--train-crop-size", "176", "--val-resize-size", "232").data
+    data = config_of("--train-crop-size", "176", "--val-resize-size", "232").augment
     assert (data.train_crop_size, data.eval_crop_size(), val_resize(data)) == (176, 224, 232)
-    assert json.loads(Config().to_json())["data"]["val_crop_size"] == 224  # config.json holds the resolved size
+    assert json.loads(Config().to_json())["augment"]["val_crop_size"] == 224  # config.json holds the resolved size
 
 
 def test_a_val_crop_of_0_follows_the_train_crop_as_config_files_before_the_default_meant():
-    data = config_of("--train-crop-size", "160", "--val-crop-size", "0").data
+    data = config_of("--train-crop-size", "160", "--val-crop-size", "0").augment
     assert (data.eval_crop_size(), val_resize(data)) == (160, 183)  # 160 / 0.875
 
 
 def test_image_size_flag_still_sets_the_train_crop():
-    data = config_of("--image-size", "160", "--val-resize", "256").data
+    data = config_of("--image-size", "160", "--val-resize", "256").augment
     assert (data.train_crop_size, data.eval_crop_size(), val_resize(data)) == (160, 224, 256)
-    assert config_of("--image-size", "160").data.val_resize_size == 0  # 224 / 0.875
-    assert val_resize(config_of("--image-size", "160").data) == 256
+    assert config_of("--image-size", "160").augment.val_resize_size == 0  # 224 / 0.875
+    assert val_resize(config_of("--image-size", "160").augment) == 256
 
 
 def test_a_config_file_with_the_old_names_still_loads(tmp_path):
     path = tmp_path / "old.yaml"
     path.write_text("image_size: 160\nval_resize: 192\nval_crop_size: 0\n")
     assert load_settings(path) == {"train_crop_size": 160, "val_resize_size": 192, "val_crop_size": 0}
-    data = config_of("--config", str(path)).data
+    data = config_of("--config", str(path)).augment
     assert (data.train_crop_size, data.eval_crop_size(), data.val_resize_size) == (160, 160, 192)
-    assert config_of("--config", str(path), "--train-crop-size", "128").data.train_crop_size == 128
+    assert config_of("--config", str(path), "--train-crop-size", "128").augment.train_crop_size == 128
 
 
 def test_a_config_file_giving_both_names_of_one_setting_is_refused(tmp_path):

@@ -10,9 +10,9 @@ pytestmark = pytest.mark.unit
 
 def schedule(**changes) -> Schedule:
     cfg = Config()
-    cfg.data.batch_size, cfg.run.epochs = 16, 3
+    cfg.loader.batch_size, cfg.run.epochs = 16, 3
     for key, value in changes.items():
-        section = next(s for s in (cfg.data, cfg.optim, cfg.run) if hasattr(s, key))
+        section = next(s for s in cfg.sections() if hasattr(s, key))
         setattr(section, key, value)
     return Schedule.of(cfg, train_samples=1000, train_sizes=[300, 300, 250, 150], world=2)
 

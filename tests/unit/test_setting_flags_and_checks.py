@@ -27,9 +27,9 @@ def test_every_declared_setting_is_a_train_flag_with_its_help():
     [
         ("optim", "lr", -1.0, "--lr: expected a number > 0 and <= 1000, got '-1.0'"),
         ("run", "checkpoint_every", -3, "--checkpoint-every: expected a whole number >= 0, got '-3'"),
-        ("data", "mode", "sequential", "--mode: expected one of resampled, split, queue, got 'sequential'"),
-        ("data", "min_crop_scale", 0.0, "--min-crop-scale: expected a number > 0 and <= 1, got '0.0'"),
-        ("data", "io_timeout", float("nan"), "--io-timeout: expected a number >= 0"),
+        ("loader", "mode", "sequential", "--mode: expected one of resampled, split, queue, got 'sequential'"),
+        ("augment", "min_crop_scale", 0.0, "--min-crop-scale: expected a number > 0 and <= 1, got '0.0'"),
+        ("loader", "io_timeout", float("nan"), "--io-timeout: expected a number >= 0"),
     ],
 )
 def test_values_set_in_code_get_the_same_one_line_check_as_flags(section, name, value, message):
@@ -43,17 +43,17 @@ def test_values_set_in_code_get_the_same_one_line_check_as_flags(section, name, 
 
 def test_the_loader_may_not_give_up_before_the_io_budget():
     cfg = Config()
-    cfg.data.shards, cfg.data.io_timeout, cfg.data.loader_timeout = "shards.json", 900, 600
+    cfg.data.shards, cfg.loader.io_timeout, cfg.loader.loader_timeout = "shards.json", 900, 600
     with pytest.raises(ImagenetTrainError, match="--loader-timeout: 600 s would give up before --io-timeout 900 s"):
         checked(cfg)
-    cfg.data.loader_timeout = 0  # wait forever is allowed
+    cfg.loader.loader_timeout = 0  # wait forever is allowed
     checked(cfg)
 
 
 def test_repeated_augmentation_is_a_flag_and_needs_a_mode_that_reads_shards_in_order():
     from imagenet_train.commands.train_cmd import train_config
 
-    assert checked(train_config(["--shards", "x", "--mode", "queue", "--ra-reps", "4"])).data.ra_reps == 4
+    assert checked(train_config(["--shards", "x", "--mode", "queue", "--ra-reps", "4"])).loader.ra_reps == 4
     cfg = train_config(["--shards", "x", "--ra-reps", "4"])  # the default mode, resampled
     with pytest.raises(ImagenetTrainError, match=r"^--ra-reps 4: needs --mode split or queue") as caught:
         checked(cfg)

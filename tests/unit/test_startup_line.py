@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from imagenet_train.config import DataConfig
+from imagenet_train.config import Config, DataConfig, LoaderConfig
 from imagenet_train.rundir.run_record import startup_line
 
 pytestmark = pytest.mark.unit
@@ -26,13 +26,17 @@ DERIVED = {
 
 
 def test_the_startup_line_names_world_batch_lr_mode_data_and_length():
-    line = startup_line(DataConfig(shards="http://shards:8080/shards.json", mode="queue"), DERIVED)
+    line = startup_line(
+        Config(DataConfig(shards="http://shards:8080/shards.json"), LoaderConfig(mode="queue")), DERIVED
+    )
     assert line.startswith("training: world size 16, global batch 4,096 (256 per rank), peak LR 1.7, mode queue;")
     assert "data http://shards:8080/shards.json (1,281,167 samples in 1282 shards, 1000 classes)" in line
     assert "16 epochs of 313 steps, 5,008 in all; cuda:0, amp torch.bfloat16" in line
 
 
 def test_the_startup_line_hides_a_urls_user_and_password():
-    line = startup_line(DataConfig(train_urls="https://user:s3cret@host/x-{0..9}.tar"), {**DERIVED, "amp": "None"})
+    line = startup_line(
+        Config(DataConfig(train_urls="https://user:s3cret@host/x-{0..9}.tar")), {**DERIVED, "amp": "None"}
+    )
     assert "s3cret" not in line and "user" not in line and "https://***@host/x-{0..9}.tar" in line
     assert line.endswith("amp off")

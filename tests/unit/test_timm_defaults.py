@@ -65,7 +65,7 @@ def test_a_timm_vits_position_embedding_and_class_token_are_not_decayed():
 
 def _base_lr(opt: Opt, global_batch: int, lr: float = 1e-3) -> float:
     cfg = Config()
-    cfg.optim.opt, cfg.optim.lr, cfg.data.batch_size = opt.value, lr, global_batch // 4
+    cfg.optim.opt, cfg.optim.lr, cfg.loader.batch_size = opt.value, lr, global_batch // 4
     return Schedule.of(cfg, train_samples=100_000, train_sizes=None, world=4).base_lr
 
 

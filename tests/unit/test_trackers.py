@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 def test_params_are_config_json_flattened_by_section():
     resolved = {**json.loads(Config().to_json()), "derived": {"world_size": 2, "base_lr": 0.2}}
     params = flat_params(resolved)
-    assert params["data.batch_size"] == Config().data.batch_size
+    assert params["loader.batch_size"] == Config().loader.batch_size
     assert params["derived.world_size"] == 2
     assert params["run.tracker"] == "none"
     assert len(params) == sum(len(section) for section in resolved.values())

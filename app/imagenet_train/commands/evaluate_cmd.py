@@ -74,7 +74,7 @@ def _config_from(args: argparse.Namespace):
         for name in SETTINGS:
             if hasattr(section, name):
                 setattr(section, name, given.get(name, chosen.get(name, declaration(name)[0].default)))
-    cfg.data.io_timeout = args.io_timeout
+    cfg.loader.io_timeout = args.io_timeout
     return runnable(cfg)
 
 

@@ -314,15 +314,16 @@ def resolve_source(
     return DataSource(urls, expand_urls(val_urls), None, train_samples, num_classes)
 
 
-def run_source(data: DataConfig) -> DataSource:
-    """The shards a run's data settings name: what every launcher trains on."""
+def run_source(data: DataConfig, io_timeout: float = IO_TIMEOUT) -> DataSource:
+    """The shards a run's data settings name, an outage of their server waited out up to `io_timeout` seconds
+    (--io-timeout): what every launcher trains on."""
     return resolve_source(
         data.shards,
         data.train_urls,
         data.val_urls,
         data.train_samples,
         data.num_classes,
-        data.io_timeout,
+        io_timeout,
         data.trust_index,
         data.max_classes,
     )

@@ -43,7 +43,7 @@ from imagenet_train.training.step import build_criterion, seed_augmentation
 
 def refuse_uneven_modes(cfg: Config) -> None:
     """Only resampled mode gives every rank equal batches without Join; say so for the others."""
-    mode = cfg.data.mode
+    mode = cfg.loader.mode
     if mode != Mode.RESAMPLED:
         raise ImagenetTrainError(
             f"--mode {mode}: cannot run under Lightning (its uneven batches per rank need Join, which Lightning's "
@@ -56,8 +56,8 @@ def refuse_train_only_settings(cfg: Config) -> None:
     optim, run = cfg.optim, cfg.run
     wanted = {
         "--model-ema": optim.model_ema,
-        "--mixup-alpha": optim.mixup_alpha > 0,
-        "--cutmix-alpha": optim.cutmix_alpha > 0,
+        "--mixup-alpha": cfg.augment.mixup_alpha > 0,
+        "--cutmix-alpha": cfg.augment.cutmix_alpha > 0,
         "--val-tta": run.val_tta,
         "--grad-accum-steps": optim.grad_accum_steps > 1,
         "--sync-bn": run.sync_bn,
@@ -91,7 +91,7 @@ class ShardDataModule(lightning.LightningDataModule):
         refuse_uneven_modes(cfg)
         refuse_train_only_settings(cfg)
         self.cfg = cfg
-        self.source = run_source(cfg.data)
+        self.source = run_source(cfg.data, cfg.loader.io_timeout)
         self.schedule: Schedule | None = None
         self.train_batches: EpochLoader | None = None
         self.val_batches: EpochLoader | None = None

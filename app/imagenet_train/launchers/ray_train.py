@@ -14,7 +14,7 @@ import os
 import uuid
 from pathlib import Path
 
-from imagenet_train.config import Config, DataConfig, OptimConfig, RunConfig
+from imagenet_train.config import SECTIONS, Config
 from imagenet_train.errors import ImagenetTrainError, one_line
 
 
@@ -48,7 +48,7 @@ def run(cfg: Config, options: RayTrainOptions) -> dict:
 
     runnable(cfg)
     # Bad shards or a hanging layout fail here, once, instead of in every worker on every restart.
-    source = run_source(cfg.data)
+    source = run_source(cfg.data, cfg.loader.io_timeout)
     try:
         import ray
         from ray.train import FailureConfig, ScalingConfig
@@ -132,6 +132,5 @@ def restarted(marker: Path) -> bool:
 
 def config_from_dict(document: dict) -> Config:
     """A Config from its `dataclasses.asdict` form."""
-    return Config(
-        data=DataConfig(**document["data"]), optim=OptimConfig(**document["optim"]), run=RunConfig(**document["run"])
-    )
+    fields = dataclasses.fields(Config)
+    return Config(**{f.name: section(**document[f.name]) for f, section in zip(fields, SECTIONS, strict=True)})

@@ -13,7 +13,7 @@ from typing import cast
 import torch
 
 from imagenet_train.choices import Decoder, Mode
-from imagenet_train.config import Config, DataConfig
+from imagenet_train.config import Config, LoaderConfig
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.loading.batching import Batch
 from imagenet_train.loading.dali import DaliAugment, DaliDecoder, JpegBatch, jpeg_bytes, pack_jpegs
@@ -27,18 +27,23 @@ from imagenet_train.planning.resolution import CropSchedule
 from imagenet_train.planning.seeds import augmentation_seed
 
 
-def shard_reading(data: DataConfig, source: DataSource) -> ShardReading:
+def shard_reading(loader: LoaderConfig, source: DataSource) -> ShardReading:
     """How the loaders read shards: the outage budget, broken-shard policy, expected sizes and cache."""
     return ShardReading(
-        data.io_timeout, data.on_broken_shard, source.expected, data.cache_dir, data.verify_shards, data.cache_max_bytes
+        loader.io_timeout,
+        loader.on_broken_shard,
+        source.expected,
+        loader.cache_dir,
+        loader.verify_shards,
+        loader.cache_max_bytes,
     )
 
 
-def _per_sample(data: DataConfig, preset: TrainPreset | ValPreset) -> tuple:
+def _per_sample(loader: LoaderConfig, preset: TrainPreset | ValPreset) -> tuple:
     """The workers' per-sample transform and collate: the JPEG bytes for DALI to decode in the rank, else the
     preset's decode and augmentation."""
-    if data.decoder == Decoder.DALI:
-        return partial(jpeg_bytes, max_pixels=data.max_image_pixels), pack_jpegs
+    if loader.decoder == Decoder.DALI:
+        return partial(jpeg_bytes, max_pixels=loader.max_image_pixels), pack_jpegs
     return preset.build(), None
 
 
@@ -54,44 +59,44 @@ def train_loader(
 ) -> EpochLoader:
     """This rank's training batches: `batches` per rank in resampled mode, every sample once otherwise; each loop
     epoch is `epoch_length` data epochs long for the progressive resizing ramp."""
-    data = cfg.data
-    exact = data.mode in (Mode.SPLIT, Mode.QUEUE)
+    loader, augment = cfg.loader, cfg.augment
+    exact = loader.mode in (Mode.SPLIT, Mode.QUEUE)
     preset = TrainPreset(
-        data.train_crop_size,
-        data.min_crop_scale,
-        data.hflip,
-        data.decoder,
-        data.max_image_pixels,
-        data.auto_augment,
-        data.random_erase,
-        data.interpolation,
+        augment.train_crop_size,
+        augment.min_crop_scale,
+        augment.hflip,
+        loader.decoder,
+        loader.max_image_pixels,
+        augment.auto_augment,
+        augment.random_erase,
+        augment.interpolation,
     )
-    transform, collate = _per_sample(data, preset)
+    transform, collate = _per_sample(loader, preset)
     stream = ShardStream(
         urls=source.train_urls,
         transform=transform,
         collate_fn=collate,
-        batch_size=data.batch_size,
+        batch_size=loader.batch_size,
         rank=rank,
         world=world,
         resampled=not exact,
         queue=queue,
-        repeat=data.repeat,
-        shuffle_buffer=data.shuffle_buffer,
+        repeat=loader.repeat,
+        shuffle_buffer=loader.shuffle_buffer,
         seed=cfg.run.seed,
-        reading=shard_reading(data, source),
+        reading=shard_reading(loader, source),
         num_classes=source.num_classes,
-        max_corrupt_streak=data.max_corrupt_streak,
-        ra_reps=max(1, data.ra_reps),
+        max_corrupt_streak=loader.max_corrupt_streak,
+        ra_reps=max(1, loader.ra_reps),
     )
-    pin = device.type == "cuda" and data.decoder != Decoder.DALI
+    pin = device.type == "cuda" and loader.decoder != Decoder.DALI
     return EpochLoader(
         stream,
-        data.workers,
+        loader.workers,
         None if exact else batches,
         pin_memory=pin,
-        timeout=data.loader_timeout,
-        crop_sizes=CropSchedule.of(data, epoch_length),
+        timeout=loader.loader_timeout,
+        crop_sizes=CropSchedule.of(augment, epoch_length),
     )
 
 
@@ -99,27 +104,29 @@ def val_loader(cfg: Config, rank: int, world: int, device: torch.device, source:
     """This rank's share of the validation shards, read once in order (None without val shards)."""
     if not source.val_urls:
         return None
-    data = cfg.data
+    loader, augment = cfg.loader, cfg.augment
     transform, collate = _per_sample(
-        data,
-        ValPreset(data.eval_crop_size(), data.val_resize_size or None, data.max_image_pixels, data.interpolation),
+        loader,
+        ValPreset(
+            augment.eval_crop_size(), augment.val_resize_size or None, loader.max_image_pixels, augment.interpolation
+        ),
     )
     stream = ShardStream(
         urls=source.val_urls,
         transform=transform,
         collate_fn=collate,
-        batch_size=data.batch_size,
+        batch_size=loader.batch_size,
         rank=rank,
         world=world,
         resampled=False,
         shuffle_shards=False,
         shuffle_buffer=0,
-        reading=shard_reading(data, source),
+        reading=shard_reading(loader, source),
         num_classes=source.num_classes,
-        max_corrupt_streak=data.max_corrupt_streak,
+        max_corrupt_streak=loader.max_corrupt_streak,
     )
-    pin = device.type == "cuda" and data.decoder != Decoder.DALI
-    return EpochLoader(stream, data.workers, pin_memory=pin, timeout=data.loader_timeout)
+    pin = device.type == "cuda" and loader.decoder != Decoder.DALI
+    return EpochLoader(stream, loader.workers, pin_memory=pin, timeout=loader.loader_timeout)
 
 
 def run_queue(mode: Mode, world: int, distributed: bool):
@@ -147,21 +154,24 @@ class RunBatches:
         epoch_length: float = 1.0,
     ):
         self.cfg, self.rank, self.device = cfg, rank, device
-        queue = run_queue(cfg.data.mode, world, world > 1)
+        queue = run_queue(cfg.loader.mode, world, world > 1)
         self.train = train_loader(cfg, rank, world, device, source, batches, queue, epoch_length)
         self.val = val_loader(cfg, rank, world, device, source)
-        data = cfg.data
+        augment = cfg.augment
         self.augment = {
             self.train: DaliAugment(
-                data.train_crop_size,
+                augment.train_crop_size,
                 True,
-                data.min_crop_scale,
-                data.hflip,
-                auto_augment=data.auto_augment,
-                interpolation=data.interpolation,
+                augment.min_crop_scale,
+                augment.hflip,
+                auto_augment=augment.auto_augment,
+                interpolation=augment.interpolation,
             ),
             self.val: DaliAugment(
-                data.eval_crop_size(), False, resize=data.val_resize_size or None, interpolation=data.interpolation
+                augment.eval_crop_size(),
+                False,
+                resize=augment.val_resize_size or None,
+                interpolation=augment.interpolation,
             ),
         }
         self.dali: dict[EpochLoader, DaliDecoder] = {}  # made on first use
@@ -175,16 +185,16 @@ class RunBatches:
         return self._on_device(self.val) if self.val is not None else ()
 
     def _on_device(self, loader: EpochLoader) -> Iterable[Batch]:
-        data = self.cfg.data
-        if data.decoder != Decoder.DALI:
+        settings = self.cfg.loader
+        if settings.decoder != Decoder.DALI:
             return device_batches(loader, self.device)
         if loader not in self.dali:
             self.dali[loader] = DaliDecoder(
                 cast(Iterable[JpegBatch], loader),  # its collate is pack_jpegs (_per_sample)
                 self.augment[loader],
-                data.batch_size,
+                settings.batch_size,
                 self.device,
-                threads=max(data.workers, 1),
+                threads=max(settings.workers, 1),
                 seed=augmentation_seed(self.cfg.run.seed, self.rank),
             )
         return device_batches(self.dali[loader], self.device)

@@ -15,7 +15,7 @@ from imagenet_train.rundir.trackers import check_installed
 def runnable(cfg: Config) -> Config:
     """`cfg` once its settings are checked (config_checks.checked) and this installation can run them."""
     checked(cfg)
-    check_pipeline(cfg.data)
+    check_pipeline(cfg.loader, cfg.augment)
     _check_timm(cfg)
     check_installed(cfg.run.tracker)
     return cfg

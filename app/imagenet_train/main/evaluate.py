@@ -26,7 +26,7 @@ def evaluate_weights(cfg: Config, path: str | Path, use_ema: bool = False) -> tu
     of `cfg` (the run's Config) by every rank of the launch, each sample once; the record (every rank's) and
     this rank."""
     weights = ema_weights(path) if use_ema else load_weights(path)  # a bad file fails before any process group
-    source = run_source(cfg.data)
+    source = run_source(cfg.data, cfg.loader.io_timeout)
     if not source.val_urls:
         raise ImagenetTrainError("evaluate: no val shards; expected an index with a val split (or --val-urls)")
     model = architecture(cfg.run, source.num_classes)
@@ -43,8 +43,8 @@ def evaluate_weights(cfg: Config, path: str | Path, use_ema: bool = False) -> tu
         model = model.to(info.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
         model.eval()
         # The val loader only; resampled mode keeps the unused train loader from drawing a shard queue.
-        data = dataclasses.replace(cfg.data, mode=Mode.RESAMPLED.value)
-        batches = RunBatches(dataclasses.replace(cfg, data=data), info.rank, info.world, info.device, source, 1)
+        loader = dataclasses.replace(cfg.loader, mode=Mode.RESAMPLED.value)
+        batches = RunBatches(dataclasses.replace(cfg, loader=loader), info.rank, info.world, info.device, source, 1)
         try:
             record, _ = evaluate(
                 model,

@@ -3,22 +3,22 @@ batches and its run directory: `run_parts`), and the order they are torn down in
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 from imagenet_train import waiting
 from imagenet_train.config import Config, RunConfig
-from imagenet_train.datasets.source import run_source
+from imagenet_train.datasets.source import DataSource, run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.batches import RunBatches
 from imagenet_train.loading.workers import start_worker_server
 from imagenet_train.main.entry_checks import runnable
 from imagenet_train.planning.plan import preflight_check
-from imagenet_train.rundir.checkpoint import latest
+from imagenet_train.rundir.checkpoint import Stateful, latest
 from imagenet_train.rundir.directory import RunDirectory
 from imagenet_train.training.dist import (
     DistInfo,
@@ -47,12 +47,13 @@ def train(cfg: Config) -> dict:
     info = init_distributed(cfg.run.collective_timeout, cfg.run.run_dir)
     beat = Heartbeat(info.rank, info.world, cfg.run.collective_timeout).start() if info.enabled else None
     try:
+        cfg = cfg.for_world(info.world)  # each rank's batch from --global-batch-size, for preflight and the run
         if cfg.run.preflight:
             from imagenet_train.ops.preflight import run_preflight
 
             with waiting.blocking("the preflight checks (an all-reduce over every rank)"):
-                run_preflight(cfg.for_world(info.world), info)
-        result = _run_released(cfg.for_world(info.world), info, request, beat)
+                run_preflight(cfg, info)
+        result = _run_released(cfg, info, request, beat)
         if info.is_main:
             print(f"run directory: {Path(cfg.run.run_dir).resolve()}", flush=True)
         return result
@@ -71,11 +72,15 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest, beat: Heart
     parts = run_parts(cfg, info)
     try:
         with waiting.interruptible("fetching the shard index"):
-            source = run_source(cfg.data)
+            source = run_source(cfg.data, cfg.loader.io_timeout)
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)  # before the model: a plan that hangs
-        if info.is_main and info.device.type == "cpu" and (advice := cpu_advice(cfg.data.batch_size, cfg.data.workers)):
+        if (
+            info.is_main
+            and info.device.type == "cpu"
+            and (advice := cpu_advice(cfg.loader.batch_size, cfg.loader.workers))
+        ):
             log.warning("pre-flight: %s", advice)
-        if cfg.data.workers:
+        if cfg.loader.workers:
             start_worker_server()  # the workers' forkserver does its imports while the model is built
         with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
             # DDP's constructor broadcasts: a peer can be lost here
@@ -135,11 +140,18 @@ def _peer_lost(error: BaseException, info: DistInfo, run: RunConfig, beat: Heart
 
 
 def run_parts(cfg: Config, info: DistInfo) -> RunParts:
-    """The trainer's batches and run directory on this rank, made when it asks (after its model)."""
-    return RunParts(
-        functools.partial(RunBatches, cfg, info.rank, info.world, info.device),
-        functools.partial(RunDirectory, cfg.run, cfg.data.io_timeout, info.local_rank, info.is_main),
-    )
+    """The trainer's batches and run directory on this rank, each made by a named function when the trainer asks
+    (after its model), so that a reader follows the config into them."""
+
+    def batches(source: DataSource, steps: int, epoch_length: float) -> RunBatches:
+        """The run's loaders: the first epoch `steps` batches long, the ramp's data epoch `epoch_length` epochs."""
+        return RunBatches(cfg, info.rank, info.world, info.device, source, steps, epoch_length)
+
+    def directory(saved: dict[str, Stateful], facts: dict[str, Any]) -> RunDirectory:
+        """RUN_DIR on this rank, its checkpoints holding `saved` and recording `facts`."""
+        return RunDirectory(cfg.run, cfg.loader.io_timeout, info.local_rank, info.is_main, saved, facts)
+
+    return RunParts(batches, directory)
 
 
 def _left_unsaved(info: DistInfo, signum: int, where: str, reason: str, run: RunConfig) -> Preempted:

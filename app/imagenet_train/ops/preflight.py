@@ -173,7 +173,7 @@ def run_preflight(cfg: Config, info: DistInfo) -> list[dict]:
     checks = [
         *device_checks(info.device),
         allreduce_check(info, cfg.run.preflight_min_busbw),
-        index_check(cfg.data.shards, min(cfg.data.io_timeout, INDEX_WAIT_S)),
+        index_check(cfg.data.shards, min(cfg.loader.io_timeout, INDEX_WAIT_S)),
         run_dir_check(cfg.run.run_dir, estimated_checkpoint_bytes(cfg)),
     ]
     ranks = gathered(info, checks)

@@ -81,7 +81,7 @@ def resampled_epoch_batches(total_samples: int, batch_size: int, world_size: int
 
 
 class LoaderSettings(Protocol):
-    """What a Setup reads of a run's data settings (config.DataConfig) or of the `plan` command's options."""
+    """What a Setup reads of a run's loader settings (config.LoaderConfig) or of the `plan` command's options."""
 
     workers: int
     batch_size: int
@@ -121,11 +121,11 @@ class Setup:
             raise ImagenetTrainError(f"plan: --mode must be resampled, split or queue, got '{self.mode}'") from None
 
     @classmethod
-    def of(cls, data: LoaderSettings, seed: int, shard_sizes: Sequence[int], **given: Any) -> Setup:
+    def of(cls, loader: LoaderSettings, seed: int, shard_sizes: Sequence[int], **given: Any) -> Setup:
         """The one way a run's Setup is made: workers, batch_size, mode, epoch_batches and repeat come from
-        `data` (the training config's data section, or the `plan` command's options) unless `given`."""
-        taken = {name: getattr(data, name) for name in ("workers", "batch_size", "mode", "epoch_batches", "repeat")}
-        taken["ra_reps"] = max(1, getattr(data, "ra_reps", 1))  # the plan command has no --ra-reps
+        `loader` (the training config's loader section, or the `plan` command's options) unless `given`."""
+        taken = {name: getattr(loader, name) for name in ("workers", "batch_size", "mode", "epoch_batches", "repeat")}
+        taken["ra_reps"] = max(1, getattr(loader, "ra_reps", 1))  # the plan command has no --ra-reps
         return cls(tuple(shard_sizes), seed=seed, **(taken | given))
 
 
@@ -241,8 +241,8 @@ class PlannedSettings(Protocol):
     members, so that config's sections, which hold more than these, satisfy them."""
 
     @property
-    def data(self) -> LoaderSettings:
-        """The data section."""
+    def loader(self) -> LoaderSettings:
+        """The loader section."""
         ...
 
     @property
@@ -258,7 +258,7 @@ def preflight_check(
     with `warn` logs any other verdict but OK (every rank reaches the same verdict from the same inputs)."""
     if train_sizes is None:
         return None
-    assessment = assess(Setup.of(cfg.data, cfg.run.seed, train_sizes, gpus_per_node=world))
+    assessment = assess(Setup.of(cfg.loader, cfg.run.seed, train_sizes, gpus_per_node=world))
     if assessment.level is Verdict.REFUSE:  # not a hang: --force cannot make this batch fit the data
         raise ImagenetTrainError(f"pre-flight: {assessment.verdict}; {assessment.fix}")
     if assessment.hangs and not cfg.run.force:

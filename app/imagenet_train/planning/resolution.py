@@ -11,7 +11,7 @@ STEP = 32  # FFCV rounds the ramp's sizes to multiples of 32 (at ImageNet sizes)
 
 
 class ResolutionSettings(Protocol):
-    """What a CropSchedule reads of a run's data settings (config.DataConfig)."""
+    """What a CropSchedule reads of a run's augmentation settings (config.AugmentConfig)."""
 
     train_crop_size: int
     progressive_start_size: int
@@ -36,17 +36,17 @@ class CropSchedule:
     step: int = STEP  # the ramp's sizes are multiples of this
 
     @classmethod
-    def of(cls, data: ResolutionSettings, epoch_length: float = 1.0) -> CropSchedule:
-        """The schedule a run's data settings describe, for loop epochs of `epoch_length`
+    def of(cls, augment: ResolutionSettings, epoch_length: float = 1.0) -> CropSchedule:
+        """The schedule a run's augmentation settings describe, for loop epochs of `epoch_length`
         data epochs each."""
         return cls(
-            data.train_crop_size,
-            data.progressive_start_size,
-            data.progressive_end_size,
-            data.progressive_start_epoch,
-            data.progressive_end_epoch,
+            augment.train_crop_size,
+            augment.progressive_start_size,
+            augment.progressive_end_size,
+            augment.progressive_start_epoch,
+            augment.progressive_end_epoch,
             epoch_length,
-            data.progressive_step,
+            augment.progressive_step,
         )
 
     @property

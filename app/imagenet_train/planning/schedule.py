@@ -109,8 +109,8 @@ class Accumulation(NamedTuple):
 ONE_STEP = Accumulation(1, True, True)  # no accumulation
 
 
-class DataSettings(Protocol):
-    """What a Schedule reads of a run's data settings (config.DataConfig)."""
+class LoaderSettings(Protocol):
+    """What a Schedule reads of a run's loader settings (config.LoaderConfig)."""
 
     mode: Mode
     batch_size: int
@@ -148,8 +148,8 @@ class Settings(Protocol):
     members, so that config's sections, which hold more than these, satisfy them."""
 
     @property
-    def data(self) -> DataSettings:
-        """The data section."""
+    def loader(self) -> LoaderSettings:
+        """The loader section."""
         ...
 
     @property
@@ -192,22 +192,22 @@ class Schedule:
     def of(cls, cfg: Settings, train_samples: int, train_sizes: list[int] | None, world: int) -> Schedule:
         """The schedule of a run; the base LR scales with the optimizer's global batch as timm scales --lr-base
         (scaled_lr)."""
-        data, optim = cfg.data, cfg.optim
+        loader, optim = cfg.loader, cfg.optim
         accumulate = optim.grad_accum_steps
         return cls(
-            mode=data.mode,
+            mode=loader.mode,
             train_samples=train_samples,
             train_sizes=tuple(train_sizes) if train_sizes else None,
-            batch_size=data.batch_size,
+            batch_size=loader.batch_size,
             world=world,
-            workers=data.workers,
-            epoch_batches_option=data.epoch_batches,
-            repeat=data.repeat,
+            workers=loader.workers,
+            epoch_batches_option=loader.epoch_batches,
+            repeat=loader.repeat,
             seed=cfg.run.seed,
             epochs_option=cfg.run.epochs,
             total_samples=cfg.run.total_samples,
             warmup_epochs=optim.warmup_epochs,
-            base_lr=scaled_lr(optim.lr, optim.opt, data.batch_size * world * accumulate),
+            base_lr=scaled_lr(optim.lr, optim.opt, loader.batch_size * world * accumulate),
             lr_schedule=LrSchedule(optim.lr_schedule),
             lr_step_epochs=optim.lr_step_epochs,
             lr_gamma=optim.lr_gamma,
@@ -216,7 +216,7 @@ class Schedule:
             warmup_method=WarmupMethod(optim.lr_warmup_method),
             warmup_start=optim.lr_warmup_decay,
             accumulate=accumulate,
-            ra_reps=max(1, data.ra_reps),
+            ra_reps=max(1, loader.ra_reps),
         )
 
     @property

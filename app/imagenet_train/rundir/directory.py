@@ -93,8 +93,8 @@ class RunDirectory:
     ) -> None:
         """Rank 0: config.json with what the run derived from its settings and launch, and the tracker's run."""
         if self.records:
-            facts = derived(info, schedule, source, amp, epoch, cfg.data)
-            print(startup_line(cfg.data, facts), flush=True)
+            facts = derived(info, schedule, source, amp, epoch, cfg.augment)
+            print(startup_line(cfg, facts), flush=True)
             self.records.begin(cfg.to_json(), facts)
 
 

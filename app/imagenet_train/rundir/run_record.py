@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from imagenet_train.config import DataConfig
+from imagenet_train.config import AugmentConfig, Config
 from imagenet_train.datasets.source import DataSource
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io.atomic import atomic_write
@@ -64,11 +64,11 @@ def derived(
     source: DataSource,
     amp: torch.dtype | None,
     epoch: int,
-    data: DataConfig | None = None,
+    augment: AugmentConfig | None = None,
 ) -> dict:
-    """What a run derived from its settings (`data`: its data section) and its launch, for config.json."""
+    """What a run derived from its settings (`augment`: its augmentation section) and its launch, for config.json."""
     return {
-        **({} if data is None else {"val_crop_size": data.eval_crop_size()}),  # 0 resolved to the train crop
+        **({} if augment is None else {"val_crop_size": augment.eval_crop_size()}),  # 0 resolved to the train crop
         "world_size": info.world,
         "global_batch": schedule.global_batch,
         "optimizer_batch": schedule.optimizer_batch,
@@ -86,13 +86,14 @@ def derived(
     }
 
 
-def startup_line(data: DataConfig, derived: dict[str, Any]) -> str:
+def startup_line(cfg: Config, derived: dict[str, Any]) -> str:
     """Rank 0's first line: world size, global batch, peak LR, mode and data, and the run's length in steps."""
+    data, mode = cfg.data, cfg.loader.mode
     where = clip(redact(data.shards or data.train_urls), 120)  # the one redaction: user info and signed values
     per_rank = derived["global_batch"] // max(1, derived["world_size"])
     return (
         f"training: world size {derived['world_size']}, global batch {derived['optimizer_batch']:,} ({per_rank:,} per "
-        f"rank), peak LR {derived['base_lr']:.6g}, mode {getattr(data.mode, 'value', data.mode)}; data {where} "
+        f"rank), peak LR {derived['base_lr']:.6g}, mode {getattr(mode, 'value', mode)}; data {where} "
         f"({derived['train_samples']:,} samples in {derived['train_shards']} shards, {derived['num_classes']} "
         f"classes); {derived['epochs']} epochs of {derived['epoch_batches']:,} steps, {derived['total_batches']:,} "
         f"in all; {derived['device']}, amp {'off' if derived['amp'] == 'None' else derived['amp']}"

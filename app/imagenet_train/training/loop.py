@@ -234,7 +234,7 @@ class Trainer:
             last = self.finish_epoch(epoch, record, started)
         if self.dir.records:
             self.dir.records.close()
-        self.dir.mirror.finish(self.cfg.data.io_timeout)
+        self.dir.mirror.finish(self.cfg.loader.io_timeout)
         self.batches.close()
         return last
 

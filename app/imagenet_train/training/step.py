@@ -293,13 +293,21 @@ def batch_mixing(mixup_alpha: float, cutmix_alpha: float, num_classes: int) -> B
 def build(cfg: Config, info: DistInfo, num_classes: int, schedule: Schedule) -> TrainStep:
     """The run's training step on this rank: its model (the same initial weights on every rank) on the device as
     the run's settings wrap it, the optimizer at the schedule's base LR, the loss, MixUp/CutMix and the EMA."""
-    data, optim, run = cfg.data, cfg.optim, cfg.run
+    augment, optim, run = cfg.augment, cfg.optim, cfg.run
     torch.manual_seed(run.seed)  # identical initial weights on every rank
     channels_last = run.channels_last and info.device.type == "cuda"
     model = models.create(run, num_classes, info.is_main)
-    crops = CropSchedule.of(data)
+    crops = CropSchedule.of(augment)
     model, ddp, forward = distribute(
-        model, info, channels_last, run.compile, schedule.exact, data.batch_size, crops, run.sync_bn, run.compile_mode
+        model,
+        info,
+        channels_last,
+        run.compile,
+        schedule.exact,
+        cfg.loader.batch_size,
+        crops,
+        run.sync_bn,
+        run.compile_mode,
     )
     optimizer = build_optimizer(optim, model, schedule.base_lr)
     return TrainStep(
@@ -310,7 +318,7 @@ def build(cfg: Config, info: DistInfo, num_classes: int, schedule: Schedule) -> 
         amp_dtype(run.amp, info.device),
         channels_last,
         optim.clip_grad_norm,
-        batch_mixing(optim.mixup_alpha, optim.cutmix_alpha, num_classes),
+        batch_mixing(augment.mixup_alpha, augment.cutmix_alpha, num_classes),
         wrapper=ddp,
         ema=run_ema(model, optim, schedule),
     )
