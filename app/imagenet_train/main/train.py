@@ -44,6 +44,10 @@ def train(cfg: Config) -> dict:
     checked(cfg)
     request = StopRequest()
     request.install()  # before the first collective: a signal during start-up is noted, not fatal
+    if cfg.data.workers:
+        # Its imports (torch, torchvision: seconds) overlap the rendezvous, the index's fetch, the preflight and the
+        # model's build. A fork and exec of a fresh interpreter, so it may start after threads do.
+        start_worker_server()
     info = init_distributed(cfg.run.collective_timeout, cfg.run.run_dir)
     beat = Heartbeat(info.rank, info.world, cfg.run.collective_timeout).start() if info.enabled else None
     try:
@@ -75,8 +79,6 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest, beat: Heart
         preflight_check(cfg, source.train_sizes, info.world, info.is_main)  # before the model: a plan that hangs
         if info.is_main and info.device.type == "cpu" and (advice := cpu_advice(cfg.data.batch_size, cfg.data.workers)):
             log.warning("pre-flight: %s", advice)
-        if cfg.data.workers:
-            start_worker_server()  # the workers' forkserver does its imports while the model is built
         with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
             # DDP's constructor broadcasts: a peer can be lost here
             trainer = Trainer(cfg, info, source, parts, request)
