@@ -278,16 +278,31 @@ def read_shards(
         yield from expanded(shards, outcomes)
 
 
-def shuffled(items: Iterable, buffer: int, rng: random.Random) -> Iterator:
-    """Shuffle a stream through a buffer of `buffer` items."""
+# Items a shuffle buffer holds before its first item leaves (webdataset's `shuffle(bufsize, initial=100)`).
+SHUFFLE_INITIAL = 100
+
+
+def shuffled(items: Iterable, buffer: int, rng: random.Random, initial: int = SHUFFLE_INITIAL) -> Iterator:
+    """Shuffle a stream through a buffer of `buffer` items that starts yielding once it holds `initial`.
+
+    Waiting for a full buffer held back a cold epoch's first batch until 1,000 samples were read and hashed.
+    From `initial` items on, the buffer yields one item for every two it reads until it is full, then one for
+    each, as webdataset's shuffle does: its first items are drawn from fewer (at least `initial`), later ones
+    from `buffer`. The order depends only on the stream and `rng` (`initial` >= `buffer`: wait for a full buffer).
+    """
     pool: list = []
-    for item in items:
-        if len(pool) < buffer:
-            pool.append(item)
+    start = min(initial, buffer)
+    for read, item in enumerate(items, 1):
+        if len(pool) >= buffer:
+            slot = rng.randrange(len(pool))
+            yield pool[slot]
+            pool[slot] = item
             continue
-        slot = rng.randrange(len(pool))
-        yield pool[slot]
-        pool[slot] = item
+        pool.append(item)
+        if len(pool) >= start and read % 2 == 0 and len(pool) < buffer:
+            slot = rng.randrange(len(pool))
+            pool[slot], pool[-1] = pool[-1], pool[slot]
+            yield pool.pop()
     rng.shuffle(pool)
     yield from pool
 

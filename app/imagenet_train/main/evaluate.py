@@ -13,6 +13,7 @@ from imagenet_train.config import Config
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.batches import RunBatches
+from imagenet_train.loading.workers import start_worker_server
 from imagenet_train.training.dist import DistInfo, cleanup, init_distributed
 from imagenet_train.training.evaluation import evaluate
 from imagenet_train.training.models import architecture
@@ -25,6 +26,8 @@ def evaluate_weights(cfg: Config, path: str | Path, use_ema: bool = False) -> tu
     """`imagenet-train evaluate`: a weights file or checkpoint (its EMA with `use_ema`) scored on the val shards
     of `cfg` (the run's Config) by every rank of the launch, each sample once; the record (every rank's) and
     this rank."""
+    if cfg.loader.workers:
+        start_worker_server()  # its imports overlap the weights' load, the index's fetch and the model's build
     weights = ema_weights(path) if use_ema else load_weights(path)  # a bad file fails before any process group
     source = run_source(cfg.data, cfg.loader.io_timeout)
     if not source.val_urls:

@@ -44,6 +44,10 @@ def train(cfg: Config) -> dict:
     runnable(cfg)
     request = StopRequest()
     request.install()  # before the first collective: a signal during start-up is noted, not fatal
+    if cfg.loader.workers:
+        # Its imports (torch, torchvision: seconds) overlap the rendezvous, the index's fetch, the preflight and the
+        # model's build. A fork and exec of a fresh interpreter, so it may start after threads do.
+        start_worker_server()
     info = init_distributed(cfg.run.collective_timeout, cfg.run.run_dir)
     beat = Heartbeat(info.rank, info.world, cfg.run.collective_timeout).start() if info.enabled else None
     try:
@@ -80,8 +84,6 @@ def _run_released(cfg: Config, info: DistInfo, request: StopRequest, beat: Heart
             and (advice := cpu_advice(cfg.loader.batch_size, cfg.loader.workers))
         ):
             log.warning("pre-flight: %s", advice)
-        if cfg.loader.workers:
-            start_worker_server()  # the workers' forkserver does its imports while the model is built
         with waiting.blocking("starting (the first collectives: DDP's broadcast, the queue's name)"):
             # DDP's constructor broadcasts: a peer can be lost here
             trainer = Trainer(cfg, info, source, parts, request)
