@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from imagenet_train.config import ONE_SHOT_IO_TIMEOUT, Config
+from imagenet_train.config import Config
+from imagenet_train.limits import ONE_SHOT_IO_TIMEOUT
 from imagenet_train.ops.serve import free_port
 from imagenet_train.training import models
 

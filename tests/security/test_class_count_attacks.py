@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from imagenet_train.config import MAX_CLASSES
 from imagenet_train.datasets import source as shard_index
 from imagenet_train.errors import ImagenetTrainError
+from imagenet_train.limits import MAX_CLASSES
 
 from .test_index_attacks import TINY_TRAIN, refused, write_index, write_shard
 from conftest import cli

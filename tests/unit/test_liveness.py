@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from imagenet_train.config import COLLECTIVE_TIMEOUT, IO_TIMEOUT, Config
+from imagenet_train.config import Config
 from imagenet_train.config_checks import checked
 from imagenet_train.errors import RETRY_EXIT, ImagenetTrainError
+from imagenet_train.limits import COLLECTIVE_TIMEOUT, IO_TIMEOUT
 from imagenet_train.training.dist import FLIGHT_RECORDER, is_collective_timeout, nccl_environment
 from imagenet_train.training.liveness import Beat, Heartbeat, hang_message, interval_s, silent
 

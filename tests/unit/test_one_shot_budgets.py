@@ -4,7 +4,7 @@ the jobs that ride out outages."""
 import pytest
 
 from imagenet_train.cli import build_parser
-from imagenet_train.config import IO_TIMEOUT, ONE_SHOT_IO_TIMEOUT
+from imagenet_train.limits import IO_TIMEOUT, ONE_SHOT_IO_TIMEOUT
 
 pytestmark = pytest.mark.unit
 

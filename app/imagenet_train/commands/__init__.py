@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from imagenet_train.config import ONE_SHOT_IO_TIMEOUT
 from imagenet_train.declarations import add_flag, add_options, did_you_mean, option
 from imagenet_train.errors import one_line
+from imagenet_train.limits import ONE_SHOT_IO_TIMEOUT
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '(.*?)' \(choose from (.*)\)$")
 

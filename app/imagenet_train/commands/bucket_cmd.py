@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from imagenet_train.commands import Command, deployment_file, one_shot_io_timeout
-from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.declarations import option, positional
+from imagenet_train.limits import IO_TIMEOUT
 
 BUCKET_URL = "gs://BUCKET/PREFIX"
 

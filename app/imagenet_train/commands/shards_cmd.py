@@ -8,11 +8,11 @@ import os
 from dataclasses import dataclass
 
 from imagenet_train.commands import Command, one_shot_io_timeout, training
-from imagenet_train.config import MAX_IMAGE_PIXELS
 from imagenet_train.datasets.fashion_mnist import DEBIAN_SOURCE, ValFrom
 from imagenet_train.datasets.images import ImageCheck
 from imagenet_train.declarations import option, positional
 from imagenet_train.errors import visible
+from imagenet_train.limits import MAX_IMAGE_PIXELS
 
 
 @dataclass

@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass
 
 from tqdm import tqdm
 
-from imagenet_train.config import MAX_IMAGE_PIXELS
 from imagenet_train.datasets import images
 from imagenet_train.datasets.layouts import Dataset, SourceImage, SourceTooLarge, discover
 from imagenet_train.datasets.source import INDEX_KIND, INDEX_NAME, write_json_atomic
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.atomic import atomic_write
+from imagenet_train.limits import MAX_IMAGE_PIXELS
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from enum import Enum
 import simplejpeg
 from PIL import Image
 
-from imagenet_train.config import MAX_IMAGE_PIXELS
 from imagenet_train.datasets.pixels import (
     REENCODE_FORMATS,
     ImageTooLarge,
@@ -18,6 +17,7 @@ from imagenet_train.datasets.pixels import (
     open_checked,
 )
 from imagenet_train.io.tarstream import MAX_MEMBER_BYTES
+from imagenet_train.limits import MAX_IMAGE_PIXELS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A source file above this is listed as skipped before it is read: the loader refuses any tar member over the

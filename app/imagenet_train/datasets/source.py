@@ -12,10 +12,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
-from imagenet_train.config import IO_TIMEOUT, MAX_CLASSES, DataConfig
+from imagenet_train.config import DataConfig
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.io import storage
 from imagenet_train.io.atomic import atomic_write
+from imagenet_train.limits import IO_TIMEOUT, MAX_CLASSES
 
 INDEX_NAME = "shards.json"
 INDEX_KIND = "wids-shard-index-v1"

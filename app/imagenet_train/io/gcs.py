@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from stat import S_ISREG
 from typing import TypeVar
 
-from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.errors import ImagenetTrainError, visible
 from imagenet_train.io.atomic import atomic_write, replacing, write_failed
 from imagenet_train.io.owned import private_folder
 from imagenet_train.io.resumable import Opened, Transient, call, is_local
+from imagenet_train.limits import IO_TIMEOUT
 
 T = TypeVar("T")
 

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from imagenet_train import waiting
-from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.errors import ImagenetTrainError, clip, visible
 from imagenet_train.io import redirects
 from imagenet_train.io.pipe import CommandStream
 from imagenet_train.io.redirects import RedirectPolicy
 from imagenet_train.io.resumable import Opened, ResumableReader, Transient, buffered, stall_window
+from imagenet_train.limits import IO_TIMEOUT
 
 HTTP_TIMEOUT_S = 60.0
 

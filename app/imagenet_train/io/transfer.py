@@ -14,10 +14,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs
 from imagenet_train.io.paths import UnsafeName, confined, local_path, shown
+from imagenet_train.limits import IO_TIMEOUT
 
 
 @dataclass(frozen=True)

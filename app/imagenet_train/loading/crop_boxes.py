@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from imagenet_train.config import MIN_CROP_SCALE
+from imagenet_train.limits import MIN_CROP_SCALE
 
 
 @dataclass(frozen=True)

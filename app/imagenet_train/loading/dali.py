@@ -19,10 +19,10 @@ import torch
 from torch.utils.data import get_worker_info
 
 from imagenet_train.choices import AutoAugment, Interpolation
-from imagenet_train.config import CROP_SIZE, MAX_IMAGE_PIXELS, MIN_CROP_SCALE
 from imagenet_train.datasets.pixels import check_image, decoding
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.imagenet_stats import IMAGENET_MEAN, IMAGENET_STD
+from imagenet_train.limits import CROP_SIZE, MAX_IMAGE_PIXELS, MIN_CROP_SCALE
 from imagenet_train.loading.batching import Batch
 from imagenet_train.loading.policies import dali_builder
 

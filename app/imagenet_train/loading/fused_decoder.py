@@ -18,8 +18,8 @@ import torch
 
 from imagenet_train.choices import Interpolation
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.config import CROP_SIZE, MAX_IMAGE_PIXELS, MIN_CROP_SCALE
 from imagenet_train.datasets.pixels import check_pixels, decoding, open_checked
+from imagenet_train.limits import CROP_SIZE, MAX_IMAGE_PIXELS, MIN_CROP_SCALE
 from imagenet_train.loading.crop_boxes import Box, random_resized_crop_box
 
 ensure_torchvision()

@@ -13,8 +13,8 @@ import torch
 
 from imagenet_train.choices import AutoAugment, Decoder, Interpolation
 from imagenet_train.compat import ensure_torchvision
-from imagenet_train.config import CROP_SIZE, MAX_IMAGE_PIXELS, MIN_CROP_SCALE
 from imagenet_train.datasets.pixels import check_pixels, decoder, open_checked
+from imagenet_train.limits import CROP_SIZE, MAX_IMAGE_PIXELS, MIN_CROP_SCALE
 from imagenet_train.loading.augment import after_crop, interpolation_mode
 from imagenet_train.loading.crop_boxes import random_resized_crop_box
 from imagenet_train.loading.sized import Then, at_size

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from typing import BinaryIO, cast
 
 from imagenet_train.choices import BrokenShardPolicy
-from imagenet_train.config import IO_TIMEOUT, MAX_CORRUPT_STREAK
 from imagenet_train.datasets.pixels import CorruptImage
 from imagenet_train.datasets.source import ShardInfo
 from imagenet_train.errors import ImagenetTrainError, clip, visible
@@ -20,6 +19,7 @@ from imagenet_train.io import storage, tarstream
 from imagenet_train.io.cache import CheckedCopy, open_cached, open_verified
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
 from imagenet_train.io.pipe import CommandFailed
+from imagenet_train.limits import IO_TIMEOUT, MAX_CORRUPT_STREAK
 
 log = logging.getLogger(__name__)
 

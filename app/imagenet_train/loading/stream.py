@@ -11,9 +11,9 @@ from typing import Protocol
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from imagenet_train.config import MAX_CORRUPT_STREAK
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import outage_tally, storage
+from imagenet_train.limits import MAX_CORRUPT_STREAK
 from imagenet_train.loading.batching import Batch, batched, collate
 from imagenet_train.loading.epochstate import EpochState, EpochStateFile, read_epoch_state
 from imagenet_train.loading.sized import at_size

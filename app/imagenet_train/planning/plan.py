@@ -80,7 +80,7 @@ def resampled_epoch_batches(total_samples: int, batch_size: int, world_size: int
     return batches
 
 
-class LoaderSettings(Protocol):
+class SetupLoaderSettings(Protocol):
     """What a Setup reads of a run's loader settings (config.LoaderConfig) or of the `plan` command's options."""
 
     workers: int
@@ -121,7 +121,7 @@ class Setup:
             raise ImagenetTrainError(f"plan: --mode must be resampled, split or queue, got '{self.mode}'") from None
 
     @classmethod
-    def of(cls, loader: LoaderSettings, seed: int, shard_sizes: Sequence[int], **given: Any) -> Setup:
+    def of(cls, loader: SetupLoaderSettings, seed: int, shard_sizes: Sequence[int], **given: Any) -> Setup:
         """The one way a run's Setup is made: workers, batch_size, mode, epoch_batches and repeat come from
         `loader` (the training config's loader section, or the `plan` command's options) unless `given`."""
         taken = {name: getattr(loader, name) for name in ("workers", "batch_size", "mode", "epoch_batches", "repeat")}
@@ -241,7 +241,7 @@ class PlannedSettings(Protocol):
     members, so that config's sections, which hold more than these, satisfy them."""
 
     @property
-    def loader(self) -> LoaderSettings:
+    def loader(self) -> SetupLoaderSettings:
         """The loader section."""
         ...
 

@@ -109,7 +109,7 @@ class Accumulation(NamedTuple):
 ONE_STEP = Accumulation(1, True, True)  # no accumulation
 
 
-class LoaderSettings(Protocol):
+class ScheduleLoaderSettings(Protocol):
     """What a Schedule reads of a run's loader settings (config.LoaderConfig)."""
 
     mode: Mode
@@ -148,7 +148,7 @@ class Settings(Protocol):
     members, so that config's sections, which hold more than these, satisfy them."""
 
     @property
-    def loader(self) -> LoaderSettings:
+    def loader(self) -> ScheduleLoaderSettings:
         """The loader section."""
         ...
 

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 from imagenet_train import waiting
-from imagenet_train.config import IO_TIMEOUT
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import gcs, transfer
 from imagenet_train.io.owned import owned_folder
+from imagenet_train.limits import IO_TIMEOUT
 from imagenet_train.rundir.run_record import METRICS, epoch_lines, merge_fetched
 
 log = logging.getLogger(__name__)

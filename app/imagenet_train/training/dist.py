@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from imagenet_train import waiting
-from imagenet_train.config import COLLECTIVE_TIMEOUT
+from imagenet_train.limits import COLLECTIVE_TIMEOUT
 
 
 @dataclass(frozen=True)
