@@ -180,8 +180,9 @@ def versions() -> dict[str, str]:
     }
 
 
-def measure(images: Path, work: Path, rounds: int, workers: int) -> dict:
-    """Every round's conversion and reads, interleaved, with the load average at the start and the end."""
+def measure(images: Path, work: Path, rounds: int, workers: int, publish: Callable[[dict], None]) -> None:
+    """Every round's conversion and reads, interleaved; after each round, `publish` gets the rounds so far with
+    the load average at the start and now (a run cut short still leaves what it measured)."""
     data = work / "peers"
     load = os.getloadavg()[0]
     results: dict = {"convert": {name: [] for name in WRITERS}, "reads": {"local": {}, "s3": {}}}
@@ -194,9 +195,7 @@ def measure(images: Path, work: Path, rounds: int, workers: int) -> dict:
             for place, runs in reads_round(data, urls, workers, environment).items():
                 for name, run in runs.items():
                     results["reads"][place].setdefault(name, []).append(run)
-            print(json.dumps({"round": index + 1, **results}), flush=True)
-    results["load"] = [round(load, 2), round(os.getloadavg()[0], 2)]
-    return results
+            publish({**results, "rounds": index + 1, "load": [round(load, 2), round(os.getloadavg()[0], 2)]})
 
 
 def main() -> None:
@@ -211,18 +210,22 @@ def main() -> None:
         import litdata  # noqa: F401
         import streaming  # noqa: F401
     except ImportError as error:
-        sys.exit(f"bench/peers.py: {error.name} is missing; `make bench` installs bench/peers-requirements.txt")
+        parser.error(f"{error.name} is missing: `make bench` installs bench/peers-requirements.txt into bench/.peers")
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     images = common.imagenet_like(work / "images", args.images)
-    results = measure(images, work, args.rounds, args.workers)
-    results |= {"images": args.images, "rounds": args.rounds, "workers": args.workers, "versions": versions()}
-    results |= {"machine": common.machine(), "date": datetime.date.today().isoformat()}
-    (work / "peers.json").write_text(json.dumps(results, indent=1))
-    out = Path(args.out)
-    old = out.read_text() if out.exists() else "# Benchmarks\n"
-    out.write_text(pages.replace_section(old, peers_table.HEADING, peers_table.block(results)))
-    print(f"wrote {out}")
+    about = {"images": args.images, "asked": args.rounds, "workers": args.workers, "versions": versions()}
+    about["machine"] = common.machine()
+
+    def publish(results: dict) -> None:
+        results |= {**about, "date": datetime.date.today().isoformat()}
+        (work / "peers.json").write_text(json.dumps(results, indent=1))
+        out = Path(args.out)
+        old = out.read_text() if out.exists() else "# Benchmarks\n"
+        out.write_text(pages.replace_section(old, peers_table.HEADING, peers_table.block(results)))
+        print(f"round {results['rounds']} of {args.rounds}: wrote {out}", flush=True)
+
+    measure(images, work, args.rounds, args.workers, publish)
 
 
 if __name__ == "__main__":

@@ -100,7 +100,9 @@ def block(results: dict) -> list[str]:
     """The whole `## ` section: how it was measured, the table, and what still is not equal."""
     load = results["load"]
     versions = ", ".join(f"{NAMES[name]} {version}" for name, version in results["versions"].items())
-    command = COMMAND.format(**results)
+    asked = results.get("asked", results["rounds"])
+    command = COMMAND.format(images=results["images"], rounds=asked, workers=results["workers"])
+    cut = f" (cut short: {results['rounds']} of the {asked} asked for)" if results["rounds"] < asked else ""
     return [
         HEADING,
         "",
@@ -117,7 +119,7 @@ def block(results: dict) -> list[str]:
         "the normalised float the model takes. Each read is a fresh process: it times from making the dataset to "
         "the first batch, epoch 1 (start-up included) and epoch 2 on the same loader. S3: one moto server on "
         "127.0.0.1 that all three read. "
-        f"{results['rounds']} interleaved rounds (ours, MosaicML, LitData, ...); the figures are medians and the "
+        f"{results['rounds']} interleaved rounds{cut} (ours, MosaicML, LitData, ...); the figures are medians and the "
         "ratios the median of each round's own ratio (in brackets), as speed ratios: above 1x the first named is "
         "faster.",
         "",

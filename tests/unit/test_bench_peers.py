@@ -90,7 +90,18 @@ def test_the_section_names_its_command_machine_load_and_what_is_still_not_equal(
     assert "`python bench/peers.py --images 2600 --rounds 3 --workers 2`" in block
     assert "a test CPU, 2 cores" in block and "load average 6.5 at the start, 7.2 at the end" in block
     assert "MosaicML streaming 0.13.0" in block and "LitData 0.2.76" in block
-    assert "sha256" in block and "page cache" in block
+    assert "sha256" in block and "page cache" in block and "cut short" not in block
+
+
+def test_a_run_cut_short_says_how_many_rounds_of_those_asked_for_it_measured():
+    two = results()
+    two["rounds"], two["asked"] = 2, 3
+    for reads in two["reads"].values():
+        for name in reads:
+            reads[name] = reads[name][:2]
+    two["convert"] = {name: seconds[:2] for name, seconds in two["convert"].items()}
+    block = "\n".join(peers_table.block(two))
+    assert "--rounds 3" in block and "2 interleaved rounds (cut short: 2 of the 3 asked for)" in block
 
 
 def test_the_section_replaces_its_old_self_and_keeps_the_rest_of_the_page():
