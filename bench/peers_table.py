@@ -79,7 +79,9 @@ UNFAIRNESSES = [
     "Conversion: ours (`imagenet-train shards`, `--verify full`, its default) decodes every JPEG to refuse broken "
     "ones and hashes each shard; `MDSWriter` and `litdata.optimize` store the bytes as given. `MDSWriter` is one "
     "process (MosaicML's way to parallelise is several writers and a merged index, not used here); ours and "
-    "`litdata.optimize` run the given number of workers.",
+    "`litdata.optimize` run the given number of workers; `litdata.optimize` starts them with spawn (its default "
+    "outside notebooks), so each imports torch, LitData and bench/peers.py's own imports afresh, which its time "
+    "includes.",
     "Shard size: ours 200 images a shard (~22 MB, bench's setting, as P1); MosaicML and LitData 64 MB (MDS's "
     "default `size_limit`, LitData's `chunk_bytes` set to the same, it has no default), so the peers open fewer, "
     "larger files.",
