@@ -37,7 +37,7 @@ help:
 	@echo "make lint   - ruff (lint, the complexity limit, format); make test runs it first"
 	@echo "make typecheck - mypy over app/ and tools/ (pyproject.toml says how strict); make test runs it first"
 	@echo "make docs   - the documentation site (MkDocs, strict) into site/"
-	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks into docs/benchmarks.md"
+	@echo "make bench  - loader/HTTP/conversion/start-up benchmarks and the peers (MosaicML streaming, LitData) into docs/benchmarks.md"
 	@echo "make recipes - today's defaults against recipes/small-images.yaml on the digits, several seeds, into docs/benchmarks.md"
 	@echo "make mechanisms - each recipe mechanism switched one at a time against recipes/small-images.yaml on Fashion-MNIST (6,000 images, 4 epochs), 2 seeds, into docs/benchmarks.md"
 	@echo "make small-images - recipes/small-images.yaml on Fashion-MNIST's test set (full train set and a 12,000 subset), 3 seeds, into docs/benchmarks.md"
@@ -234,8 +234,16 @@ mechanisms: venv system-deps
 small-images: venv system-deps
 	$(BIN)/python bench/small_images.py --seeds 0 1 2 --out docs/benchmarks.md
 
-bench: venv system-deps
+# The peers (MosaicML streaming, LitData) go into bench/.peers with --no-deps, so the venv's torch and numpy stay.
+PEERS := bench/.peers
+$(PEERS)/.installed: bench/peers-requirements.txt | $(STAMP)
+	rm -rf $(PEERS)
+	$(BIN)/pip install -q --no-deps --target $(PEERS) -r bench/peers-requirements.txt
+	touch $@
+
+bench: venv system-deps $(PEERS)/.installed
 	$(BIN)/python bench/benchmarks_page.py --workdir bench/.work --out docs/benchmarks.md
+	$(BIN)/python bench/peers.py --workdir bench/.work --out docs/benchmarks.md
 
 # One CUDA GPU, under 10 minutes: every test marked `cuda`, a few hundred steps of each mechanism through the CLI
 # (bf16 AMP, channels_last, EMA, MixUp/CutMix, progressive resizing with simplejpeg and DALI, --compile, --val-tta,
