@@ -60,7 +60,13 @@ def test_a_url_setting_naming_an_unknown_scheme_is_refused_in_one_line_with_exit
     line = cli_refusal(["train", *flags, "--num-classes", "10"], capsys, monkeypatch)
     assert line.startswith(f"imagenet-train: error: {setting}: 'foo://x/")
     assert "names the scheme 'foo:'" in line
-    assert "expected one of: file:// (or a plain path), http://, https://, gs://, s3://, ais://, pipe:" in line
+    assert line.endswith(f"expected one of: {schemes.known()} (docs/data.md, Shard URLs)")
+
+
+def test_the_schemes_known_are_every_entry_of_the_table_and_those_with_a_writer():
+    assert schemes.known().split(", ")[0] == "file:// (or a plain path)"
+    assert all(f"{name}:" in schemes.known() for name in SCHEMES)
+    assert schemes.known(writable=True) == "gs://"
 
 
 def test_the_refusal_shows_the_url_redacted(capsys, monkeypatch):
