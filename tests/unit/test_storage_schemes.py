@@ -150,8 +150,16 @@ def test_a_scheme_added_to_the_table_is_read_and_accepted_by_the_settings(monkey
 
 
 def test_a_spec_of_many_shards_is_checked_without_expanding_them():
-    schemes.check_spec("--train-urls", "http://h/x-{0000000000..9999999999}.tar")  # returns at once
+    for spec in ("http://h/x-{0000000000..9999999999}.tar", "pipe:cat x-{0000000000..9999999999}", "x-{0..9999999999}"):
+        schemes.check_spec("--train-urls", spec)  # returns at once
     assert "names the scheme 'sftp:'" in refusal(lambda: schemes.check_spec("--train-urls", "{gs,sftp}://b/x.tar"))
+    assert "names the scheme 'foo:'" in refusal(lambda: schemes.check_spec("--train-urls", "{x,foo:}y"))
+    hostile = refusal(lambda: schemes.check_spec("--val-urls", "h{0..9999999999}://x/y.tar"))  # at once, no memory
+    assert hostile == (
+        "--val-urls: 'h{0..9999999999}://x/y.tar': braces around the scheme; expected them in the shard names "
+        "(e.g. 'http://h/train-{000000..000146}.tar')"
+    )
+    assert "braces around the scheme" in refusal(lambda: schemes.check_spec("--train-urls", "{gs:/b/x.tar"))
 
 
 def test_docs_data_md_lists_exactly_the_schemes_of_the_table():

@@ -181,15 +181,34 @@ def check_settings(shards: str, train_urls: str, val_urls: str, results: str) ->
 def check_spec(what: str, spec: str) -> None:
     """Refuse a setting's URL spec (brace notation, `::` lists) that names a scheme the table lacks, in one line.
 
-    Only each URL's text before its first '/' is expanded: the scheme lies there, so a spec of a million shards
-    costs what one does."""
-    from braceexpand import braceexpand
-
+    Only the text up to each URL's first ':' (and the end of the braces that ':' may stand in) is expanded, never
+    the shard numbers: braceexpand builds every range whole before the first name comes out."""
     for part in filter(None, spec.split("::")):
-        for head in dict.fromkeys(braceexpand(part.split("/", 1)[0])):
-            name = name_of(head)
+        for name in dict.fromkeys(_schemes_named(part, what)):
             if name not in SCHEMES:
                 raise _unknown(part, name, what)
+
+
+def _schemes_named(part: str, what: str) -> list[str]:
+    """The schemes one URL spec's alternatives name ('file' for paths)."""
+    head = part.split("/", 1)[0]
+    if ":" not in head:
+        return ["file"]  # a path: no expansion of it names a scheme
+    end, depth = head.index(":"), head[: head.index(":")].count("{") - head[: head.index(":")].count("}")
+    while depth > 0 and end + 1 < len(head):  # the ':' is inside braces: up to where they close
+        end += 1
+        depth += {"{": 1, "}": -1}.get(head[end], 0)
+    candidate = head[: end + 1]
+    if "{" not in candidate and "}" not in candidate:
+        return [name_of(candidate)]
+    if ".." in candidate or len(candidate) > 64 or depth:
+        raise ImagenetTrainError(
+            f"{what}: '{clip(redact(part))}': braces around the scheme; expected them in the shard names "
+            "(e.g. 'http://h/train-{000000..000146}.tar')"
+        )
+    from braceexpand import braceexpand
+
+    return [name_of(each) for each in braceexpand(candidate)]
 
 
 def worker_environment() -> tuple[str, ...]:
