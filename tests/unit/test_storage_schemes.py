@@ -159,7 +159,9 @@ def test_a_spec_of_many_shards_is_checked_without_expanding_them():
         "--val-urls: 'h{0..9999999999}://x/y.tar': braces around the scheme; expected them in the shard names "
         "(e.g. 'http://h/train-{000000..000146}.tar')"
     )
-    assert "braces around the scheme" in refusal(lambda: schemes.check_spec("--train-urls", "{gs:/b/x.tar"))
+    assert "braces around the scheme" in refusal(lambda: schemes.check_spec("--train-urls", "{gs:/b/x}.tar"))
+    assert "unbalanced braces" in refusal(lambda: schemes.check_spec("--train-urls", "http://h/x-{0..9.tar"))
+    schemes.check_spec("--train-urls", "http://h/x-\\{0.tar")  # an escaped brace needs no pair
 
 
 def test_docs_data_md_lists_exactly_the_schemes_of_the_table():

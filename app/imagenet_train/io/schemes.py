@@ -184,9 +184,26 @@ def check_spec(what: str, spec: str) -> None:
     Only the text up to each URL's first ':' (and the end of the braces that ':' may stand in) is expanded, never
     the shard numbers: braceexpand builds every range whole before the first name comes out."""
     for part in filter(None, spec.split("::")):
+        if not _balanced(part):
+            raise ImagenetTrainError(
+                f"{what}: '{clip(redact(part))}': unbalanced braces; expected pairs, as in "
+                "'http://h/train-{000000..000146}.tar'"
+            )
         for name in dict.fromkeys(_schemes_named(part, what)):
             if name not in SCHEMES:
                 raise _unknown(part, name, what)
+
+
+def _balanced(text: str) -> bool:
+    """Whether every '{' of a spec closes, as braceexpand needs (a backslash escapes the next character)."""
+    depth, escaped = 0, False
+    for char in text:
+        if not escaped and char in "{}":
+            depth += 1 if char == "{" else -1
+            if depth < 0:
+                return False
+        escaped = not escaped and char == "\\"
+    return depth == 0
 
 
 def _schemes_named(part: str, what: str) -> list[str]:
