@@ -80,34 +80,36 @@ def _transfer(copies, copy, args: argparse.Namespace, verb: str, url: str) -> in
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    """Copy a directory to a gs:// prefix, skipping files already there with the same checksum."""
-    from imagenet_train.io import gcs
+    """Copy a directory to a bucket prefix, skipping files already there with the same checksum."""
+    from imagenet_train.io import schemes
     from imagenet_train.io.transfer import plan_upload
 
+    store = schemes.writer_for(args.url, "URL")
     copies = plan_upload(args.directory, args.url, args.io_timeout)
-    return _transfer(copies, gcs.upload, args, "uploaded and verified", args.url)
+    return _transfer(copies, store.upload, args, "uploaded and verified", args.url)
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    """Copy a gs:// prefix to a directory, skipping files already there with the same checksum."""
-    from imagenet_train.io import gcs
+    """Copy a bucket prefix to a directory, skipping files already there with the same checksum."""
+    from imagenet_train.io import schemes
     from imagenet_train.io.transfer import plan_sync
 
+    store = schemes.writer_for(args.url, "URL")
     return _transfer(
-        plan_sync(args.url, args.directory, args.io_timeout), gcs.download, args, "downloaded and verified", args.url
+        plan_sync(args.url, args.directory, args.io_timeout), store.download, args, "downloaded and verified", args.url
     )
 
 
 def cmd_fill(args: argparse.Namespace) -> int:
     """Sync the deployment's shards.nginx.fill.from onto the shard volume (the chart's fill pod)."""
-    from imagenet_train.io import gcs
+    from imagenet_train.io import schemes
     from imagenet_train.io.transfer import plan_sync
 
     fill = deployment_file(args.deployment)["shards"]["nginx"]["fill"]
     args.workers, args.dry_run = int(fill["parallel"]), False
     return _transfer(
         plan_sync(fill["from"], args.directory, args.io_timeout),
-        gcs.download,
+        schemes.writer_for(fill["from"], f"{args.deployment}: shards.nginx.fill.from").download,
         args,
         "downloaded and verified",
         fill["from"],

@@ -97,6 +97,7 @@ class FashionMnistOptions:
 def cmd_shards(args: argparse.Namespace) -> int:
     """Convert a dataset into shards and their index, and report what was kept, skipped or re-encoded."""
     from imagenet_train.datasets.convert import ShardOptions, convert
+    from imagenet_train.io import schemes
 
     options = ShardOptions(
         prefix=args.prefix,
@@ -110,7 +111,8 @@ def cmd_shards(args: argparse.Namespace) -> int:
         max_pixels=args.max_image_pixels,
     )
     output = args.output
-    if output.startswith("gs://"):
+    if schemes.name_of(output) != "file":
+        schemes.writer_for(output, "OUTPUT")  # a bucket without a writer is refused before any shard is written
         # Shards are written locally first (resumable there with --staging), then uploaded and verified.
         import tempfile
 

@@ -14,7 +14,7 @@ from typing import TypeGuard
 
 from imagenet_train.config import DataConfig
 from imagenet_train.errors import ImagenetTrainError, clip
-from imagenet_train.io import storage
+from imagenet_train.io import schemes, storage
 from imagenet_train.io.atomic import atomic_write
 from imagenet_train.limits import IO_TIMEOUT, MAX_CLASSES
 
@@ -158,6 +158,7 @@ def check_index(
                 urls.append(storage.join(base, shard["url"], trusted=trust_index))
             except ImagenetTrainError as error:
                 raise ImagenetTrainError(f"{at} shard {number}: url {error} (or --trust-index)") from None
+            schemes.scheme_for(urls[-1], f"{at} shard {number}: url")  # --trust-index lets any name in: one we read
         if total > MAX_SPLIT_SAMPLES:
             raise ImagenetTrainError(f"{at}: {total} samples; expected at most {MAX_SPLIT_SAMPLES}")
         resolved[split] = urls

@@ -1,6 +1,6 @@
 """Which HTTP redirects a shard or index read may follow.
 
-An index names only files beside it (storage.outside_reason); a redirect that urllib follows on its own would
+An index names only files beside it (locations.outside_reason); a redirect that urllib follows on its own would
 undo that rule, letting the shard server hand the run another host's data, a file: URL or a loop. So urllib
 follows none, and the opener follows one only when this module allows it: the same scheme, host and port,
 to a path under the folder of the URL first asked for, checked as an index entry is, at most MAX_REDIRECTS
@@ -48,7 +48,7 @@ def opener() -> urllib.request.OpenerDirector:
 
 def refusal(first: str, target: str, policy: RedirectPolicy, name_reason: NameCheck) -> str | None:
     """Why `first` may not be redirected to `target` (an absolute URL); None when it may. `name_reason` is the
-    index's own check of a name inside the folder (storage.outside_reason)."""
+    index's own check of a name inside the folder (locations.outside_reason)."""
     start, to = urllib.parse.urlsplit(first), urllib.parse.urlsplit(target)
     if to.scheme.lower() != start.scheme.lower():
         return f"another scheme ({clip(to.scheme, 20) or 'none'}:)"

@@ -1,5 +1,5 @@
-"""`imagenet-train upload` and `sync`: directory ↔ gs:// prefix, in parallel, skipping what is already
-there with the same checksum, verifying every copy.
+"""`imagenet-train upload` and `sync`: directory ↔ bucket prefix (of a scheme with a writer in io/schemes.py), in
+parallel, skipping what is already there with the same checksum, verifying every copy.
 
 A bucket's object names are input from whoever can write to it: `sync` (and `fill`, and fetching a run back
 for --resume) refuses the whole prefix, before copying anything, when any name is not a plain path under the
@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io import gcs
+from imagenet_train.io import schemes
 from imagenet_train.io.paths import UnsafeName, confined, local_path, shown
 from imagenet_train.limits import IO_TIMEOUT
 
@@ -35,9 +35,10 @@ def plan_upload(directory: str, url: str, io_timeout: float = IO_TIMEOUT) -> lis
     """What `upload` would do: every file under `directory`, skipped where the bucket has its CRC32C."""
     if not os.path.isdir(directory):
         raise ImagenetTrainError(f"{directory}: not a directory")
+    store = schemes.writer_for(url)
     base = url.rstrip("/")
-    remote = {info.name: info for info in gcs.listing(base + "/", io_timeout)}
-    _, prefix = gcs.split(base + "/")
+    remote = {info.name: info for info in store.listing(base + "/", io_timeout)}
+    _, prefix = store.split(base + "/")
     copies = []
     for root, _, files in sorted(os.walk(directory)):
         for name in sorted(files):
@@ -46,7 +47,7 @@ def plan_upload(directory: str, url: str, io_timeout: float = IO_TIMEOUT) -> lis
             if ".tmp" in name or ".part" in name:  # our own in-progress files
                 continue
             there = remote.get(prefix + relative)
-            same = there is not None and there.size == os.path.getsize(path) and there.crc32c == gcs.file_crc32c(path)
+            same = there is not None and there.size == os.path.getsize(path) and there.crc32c == store.file_crc32c(path)
             copies.append(Copy(path, f"{base}/{relative}", os.path.getsize(path), "skip" if same else "copy"))
     return copies
 
@@ -54,9 +55,10 @@ def plan_upload(directory: str, url: str, io_timeout: float = IO_TIMEOUT) -> lis
 def plan_sync(url: str, directory: str, io_timeout: float = IO_TIMEOUT) -> list[Copy]:
     """What `sync` would do: every object under the prefix, skipped where the local file matches, refused
     where its name is not a plain path under `directory` (see `check_names`)."""
+    store = schemes.writer_for(url)
     base = url.rstrip("/")
-    bucket, prefix = gcs.split(base + "/")
-    objects = gcs.listing(base + "/", io_timeout)
+    bucket, prefix = store.split(base + "/")
+    objects = store.listing(base + "/", io_timeout)
     if not objects:
         raise ImagenetTrainError(f"{url}: no objects under this prefix")
     copies = []
@@ -66,7 +68,7 @@ def plan_sync(url: str, directory: str, io_timeout: float = IO_TIMEOUT) -> list[
         relative = relative[:-1] if folder else relative
         if folder and not relative:
             continue
-        source = f"gs://{bucket}/{info.name}"
+        source = f"{schemes.name_of(url)}://{bucket}/{info.name}"
         try:
             path = local_path(directory, relative)
         except UnsafeName as why:
@@ -74,7 +76,7 @@ def plan_sync(url: str, directory: str, io_timeout: float = IO_TIMEOUT) -> list[
             continue
         if folder:
             continue
-        same = os.path.isfile(path) and os.path.getsize(path) == info.size and gcs.file_crc32c(path) == info.crc32c
+        same = os.path.isfile(path) and os.path.getsize(path) == info.size and store.file_crc32c(path) == info.crc32c
         copies.append(Copy(source, path, info.size, "skip" if same else "copy", directory, relative))
     return copies
 
@@ -125,7 +127,7 @@ def run(
 
 def upload_tree(directory: str, url: str, workers: int = 8, io_timeout: float = IO_TIMEOUT) -> int:
     """Upload `directory` to `url` (see `plan_upload`); returns how many files were copied."""
-    return run(plan_upload(directory, url, io_timeout), gcs.upload, workers, io_timeout)
+    return run(plan_upload(directory, url, io_timeout), schemes.writer_for(url).upload, workers, io_timeout)
 
 
 def sync_tree(url: str, directory: str, workers: int = 8, io_timeout: float = IO_TIMEOUT, private: bool = False) -> int:
@@ -133,6 +135,7 @@ def sync_tree(url: str, directory: str, workers: int = 8, io_timeout: float = IO
     directory): files 0600 and new folders 0700, each written into a folder of this user closed to others."""
     copies = plan_sync(url, directory, io_timeout)
     check_names(url, copies)
+    store = schemes.writer_for(url)
     if private:
-        return run(copies, functools.partial(gcs.download, private=True), workers, io_timeout, 0o700)
-    return run(copies, gcs.download, workers, io_timeout)
+        return run(copies, functools.partial(store.download, private=True), workers, io_timeout, 0o700)
+    return run(copies, store.download, workers, io_timeout)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from imagenet_train import waiting
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io import gcs, transfer
+from imagenet_train.io import schemes, transfer
 from imagenet_train.io.owned import owned_folder
 from imagenet_train.limits import IO_TIMEOUT
 from imagenet_train.rundir.run_record import METRICS, epoch_lines, merge_fetched
@@ -29,10 +29,11 @@ def upload_order(path: Path) -> tuple[bool, Path]:
 
 
 class ResultsUploader:
-    """Mirrors a run directory to gs:// in the background (see the module docstring)."""
+    """Mirrors a run directory to a bucket (a scheme with a writer) in the background (see the module docstring)."""
 
     def __init__(self, run_dir: str | Path, url: str, io_timeout: float = IO_TIMEOUT):
-        gcs.split(url)  # a bad URL fails now, not after the first epoch
+        self.store = schemes.writer_for(url, "--results")
+        self.store.split(url)  # a bad URL fails now, not after the first epoch
         self.run_dir, self.url, self.io_timeout = Path(run_dir), url.rstrip("/"), io_timeout
         self.sent: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) already in the bucket
         self.requests: queue.Queue[bool] = queue.Queue()
@@ -95,9 +96,9 @@ class ResultsUploader:
                 continue
             target = f"{self.url}/{path.relative_to(self.run_dir).as_posix()}"
             try:
-                there = gcs.stat(target, self.io_timeout)
-                if there is None or there.size != stamp[0] or there.crc32c != gcs.file_crc32c(str(path)):
-                    gcs.upload(str(path), target, self.io_timeout)
+                there = self.store.stat(target, self.io_timeout)
+                if there is None or there.size != stamp[0] or there.crc32c != self.store.file_crc32c(str(path)):
+                    self.store.upload(str(path), target, self.io_timeout)
                 self.sent[str(path)] = stamp
             except FileNotFoundError:
                 continue
@@ -121,7 +122,7 @@ def fetch_for_resume(url: str, run_dir: str | Path, io_timeout: float = IO_TIMEO
     """Bring a run's files from the bucket into the run directory before resuming; 0 when none exist.
     metrics.jsonl is merged epoch by epoch with the one already here, not replaced."""
     owned_folder(run_dir, f"--run-dir {run_dir}")
-    if not gcs.listing(url.rstrip("/") + "/", io_timeout):
+    if not schemes.writer_for(url, "--results").listing(url.rstrip("/") + "/", io_timeout):
         return 0
     metrics = Path(run_dir) / METRICS
     local = epoch_lines(metrics)
