@@ -29,6 +29,7 @@ import pages  # noqa: E402
 HEADING = "## make gpu-check"
 REPO = Path(__file__).resolve().parents[1]
 P6_SIZES = (160, 192, 224)
+STEP_VARIANTS = ["eager", "fused", "compile", "cudagraphs"]  # bench/gpu_step.py's (its VARIANTS), in its order
 TIMEOUT_S = 300  # one training run; the whole check aims at 10 minutes
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # dataset-fashion-mnist's idx files
 
@@ -282,7 +283,7 @@ def time_to_accuracy(args: argparse.Namespace) -> dict:
     started = time.monotonic()
     shards = fashion_shards(work, str(args.fashion_mnist), args.tta_train_size)
     prepared = time.monotonic() - started
-    for folder in (work, *work.rglob("*")):  # nginx started as root serves as `nobody`: our own bench data only
+    for folder in (shards, *shards.rglob("*")):  # nginx started as root serves as `nobody`: the shards only
         folder.chmod(0o755 if folder.is_dir() else 0o644)
     epochs = load_settings(RECIPE)["epochs"]
     options = argparse.Namespace(nproc=1, recipe=str(RECIPE), epochs=epochs, extra=["--workers", str(args.workers)])
@@ -490,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tests", action="store_true", help="leave out the CUDA tests")
     parser.add_argument("--no-p6", action="store_true", help="leave out P6")
     parser.add_argument("--no-step", action="store_true", help="leave out the step variants (bench/gpu_step.py)")
-    parser.add_argument("--variants", nargs="+", default=["eager", "fused", "compile", "cudagraphs"])
+    parser.add_argument("--variants", nargs="+", default=list(STEP_VARIANTS), choices=STEP_VARIANTS + ["autotune"])
     parser.add_argument("--step-budget-s", type=float, default=240, help="start no step variant after this")
     parser.add_argument("--no-tta", action="store_true", help="leave out the time to accuracy on Fashion-MNIST")
     parser.add_argument("--fashion-mnist", type=Path, default=Path(DEBIAN_FASHION_MNIST), help="its idx files")

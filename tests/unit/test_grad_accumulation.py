@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 from imagenet_train.config import Config
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.planning.schedule import Accumulation, Schedule
-from imagenet_train.training.step import TrainStep
+from imagenet_train.training.step import CompiledForward, TrainStep
 
 pytestmark = pytest.mark.unit
 
@@ -19,9 +19,11 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 3))
 
 
-def _step(model: torch.nn.Module, forward: torch.nn.Module | None = None) -> TrainStep:
+def _step(model: torch.nn.Module, wrapper: torch.nn.Module | None = None, forward=None) -> TrainStep:
+    """The step as step.build makes it: `forward` what it calls (the wrapper, or the wrapper compiled)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-    return TrainStep(model, forward or model, optimizer, torch.nn.CrossEntropyLoss(), None, False)
+    loss = torch.nn.CrossEntropyLoss()
+    return TrainStep(model, forward or wrapper or model, optimizer, loss, None, False, wrapper=wrapper)
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,14 +58,17 @@ def test_the_next_group_starts_from_cleared_gradients():
         torch.testing.assert_close(a, b)
 
 
-def test_ddp_syncs_gradients_only_after_the_groups_last_batch(tmp_path):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_ddp_syncs_gradients_only_after_the_groups_last_batch(tmp_path, compiled):
+    """Also under --compile, where the step calls the compiled wrapper (an eager backend here) and DDP is inside."""
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         model = _model()
         ddp = DistributedDataParallel(model)
         syncing: list[bool] = []
         model[1].weight.register_hook(lambda grad: syncing.append(ddp.require_backward_grad_sync))
-        step = _step(model, ddp)
+        forward = CompiledForward(ddp, batch_size=8, sizes=1, backend="eager") if compiled else None
+        step = _step(model, ddp, forward)
         images, labels = _batch()
         for index in range(3):
             step(images, labels, Accumulation(3, index == 0, index == 2))

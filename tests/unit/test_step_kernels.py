@@ -12,7 +12,7 @@ from imagenet_train.config import Config
 from imagenet_train.config_checks import check_combinations
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.training import step
-from imagenet_train.training.optimizers import build_optimizer
+from imagenet_train.training.optimizers import build_optimizer, keep_kernels
 from imagenet_train.training.step import CompiledForward
 
 
@@ -95,3 +95,19 @@ def test_the_fused_optimizer_with_an_optimizer_torch_does_not_fuse_is_refused_in
     cfg.data.shards, cfg.optim.opt, cfg.optim.fused_optimizer = "/data/shards.json", Opt.LARS, True
     with pytest.raises(ImagenetTrainError, match=r"^--fused-optimizer: torch fuses --opt sgd or adamw, not --opt lars"):
         check_combinations(cfg)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_resumed_run_takes_its_own_fused_optimizer_setting_not_the_checkpoints(fused):
+    cfg = Config()
+    model = torch.nn.Linear(4, 2)
+    cfg.optim.fused_optimizer = not fused
+    saved = build_optimizer(cfg.optim, model, 0.1).state_dict()  # written by a run with the other setting
+    cfg.optim.fused_optimizer = fused
+    optimizer = build_optimizer(cfg.optim, model, 0.1)
+    optimizer.load_state_dict(saved)
+    assert optimizer.param_groups[0]["fused"] is (None if fused else True)  # torch took the checkpoint's
+    keep_kernels(optimizer, fused)
+    assert all(group["fused"] is (True if fused else None) for group in optimizer.param_groups)
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()  # the kernel it was built for runs

@@ -129,8 +129,10 @@ class ShardStream(IterableDataset):
 
     def __iter__(self) -> Iterator[Batch]:
         worker, workers = _worker()
-        outage_tally.count_into(self.outages)  # the outages this process rides out are this loader's
         if get_worker_info() is not None:
+            # A loader worker's outages are its loader's. Not in the main process (--workers 0): the results
+            # mirror's and the checkpoints' retries happen there between batches, and are no loader's.
+            outage_tally.count_into(self.outages)
             storage.apply_io_environment(self.environment)
             if self.state_file:
                 self.adopt(read_epoch_state(self.state_file))

@@ -46,7 +46,7 @@ def evaluate_weights(cfg: Config, path: str | Path, use_ema: bool = False) -> tu
         model = model.to(info.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
         model.eval()
         # The val loader only; resampled mode keeps the unused train loader from drawing a shard queue.
-        loader = dataclasses.replace(cfg.loader, mode=Mode.RESAMPLED.value)
+        loader = dataclasses.replace(cfg.loader, mode=Mode.RESAMPLED)
         batches = RunBatches(dataclasses.replace(cfg, loader=loader), info.rank, info.world, info.device, source, 1)
         try:
             record, _ = evaluate(

@@ -89,6 +89,7 @@ class Trainer:
                 log.warning("no checkpoint in %s; starting from epoch 0", self.dir.path)
             return
         self.start_epoch, self.position = self.dir.state.restore(path)
+        self.step.keep_kernels(self.cfg.optim.fused_optimizer)
         if self.exact and self.position and self.position.step:  # the samples the resumed epoch already read
             self.consumed = self.dir.consumed_keys(self.position)
         if self.dir.records:

@@ -97,3 +97,13 @@ def build_optimizer(optim_cfg: OptimConfig, model: torch.nn.Module, lr: float) -
     if opt is Opt.LARS:
         return Lars(groups, lr=lr, momentum=optim_cfg.momentum, nesterov=optim_cfg.nesterov)
     return Lamb(groups, lr=lr)
+
+
+def keep_kernels(optimizer: torch.optim.Optimizer, fused: bool) -> None:
+    """After a checkpoint's load_state_dict: the run's --fused-optimizer, not the checkpoint's (torch copies the
+    saved groups' `fused` and `foreach` over the ones the optimizer was built with, so a resume would silently
+    keep the kernel of the run that wrote the checkpoint)."""
+    if not isinstance(optimizer, (torch.optim.SGD, torch.optim.AdamW)):  # timm's LARS and LAMB have one kernel
+        return
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = (True if fused else None), None

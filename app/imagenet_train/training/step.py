@@ -28,7 +28,7 @@ from imagenet_train.training import models
 from imagenet_train.training.batch_input import normalize
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.hooks import StepHook
-from imagenet_train.training.optimizers import build_optimizer
+from imagenet_train.training.optimizers import build_optimizer, keep_kernels
 
 log = logging.getLogger(__name__)
 
@@ -219,13 +219,17 @@ class TrainStep:
         self.model, self.forward, self.optimizer, self.criterion = model, forward, optimizer, criterion
         self.wrapper = wrapper or model  # what trains: DDP's wrapper, or the model itself on one process
         self.ema = ema  # --model-ema's average of the weights (a step hook updates it), or None
-        inner = getattr(forward, "_orig_mod", forward)  # torch.compile's wrapper holds the DDP module here
-        self.ddp = inner if isinstance(inner, DistributedDataParallel) else None  # accumulating steps skip its sync
+        # Accumulating steps skip DDP's gradient sync; the wrapper is DDP's (also when `forward` is compiled).
+        self.ddp = self.wrapper if isinstance(self.wrapper, DistributedDataParallel) else None
         self.batch_transform = batch_transform  # on the normalised device batch (MixUp/CutMix: soft targets)
         self.amp, self.channels_last, self.clip_grad_norm = amp, channels_last, clip_grad_norm
         device = next(model.parameters()).device
         self.device = device
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+
+    def keep_kernels(self, fused: bool) -> None:
+        """After a checkpoint's optimizer state is loaded: this run's --fused-optimizer, not the checkpoint's."""
+        keep_kernels(self.optimizer, fused)
 
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor, group: Accumulation = ONE_STEP, lr: float | None = None
