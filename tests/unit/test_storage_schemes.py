@@ -4,7 +4,6 @@ entries' variables, and a URL naming a scheme the table lacks is refused in one 
 import io
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +16,11 @@ from imagenet_train.io import schemes, storage, transfer
 from imagenet_train.io.schemes import SCHEMES, Scheme
 from imagenet_train.main.entry_checks import runnable as checked
 
+from conftest import REPO
+
 pytestmark = pytest.mark.unit
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = REPO / "docs"
 
 
 def config_of(*flags: str):
