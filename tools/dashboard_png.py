@@ -96,19 +96,6 @@ def prometheus(work: Path, metrics_port: int) -> Iterator[str]:
             process.wait(30)
 
 
-def restart(server: NginxServer) -> None:
-    """Start nginx again on its port (which may still be in TIME_WAIT for a moment)."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            server.start()
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 def train(work: Path, server: NginxServer, metrics_port: int, options: argparse.Namespace) -> tuple[float, float]:
     """The scraped run, with nginx stopped `options.outage` s at `options.outage_at`; its (start, end) Unix times."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -123,7 +110,7 @@ def train(work: Path, server: NginxServer, metrics_port: int, options: argparse.
             print(f"nginx stopped at {time.time() - began:.0f} s for {options.outage:.0f} s", flush=True)
             server.stop()
             time.sleep(options.outage)
-            restart(server)
+            server.start_again(30)
             time.sleep(max(0.0, options.seconds - (time.time() - began)))
         finally:
             if run.poll() is None:

@@ -98,16 +98,8 @@ class RestartableNginx(NginxServer):
         self.stop()
 
     def up(self, timeout: float = 20.0) -> None:
-        """Start nginx again on the same port; retries while the port is still in TIME_WAIT."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.start()
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        """Start nginx again on the same port (NginxServer.start_again: through TIME_WAIT)."""
+        self.start_again(timeout)
 
 
 def timed_outage(down, up, seconds: float) -> dict:

@@ -39,14 +39,7 @@ def _up_again(server: NginxServer, loader: EpochLoader) -> None:
     while loader.outages()[0] < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(DOWN_S)
-    while True:  # the port may still be in TIME_WAIT
-        try:
-            server.start()
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    server.start_again(max(deadline - time.monotonic(), 1.0))
 
 
 @pytest.mark.slow

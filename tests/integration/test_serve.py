@@ -62,6 +62,23 @@ def test_server_serves_ranges_and_cleans_up_its_state_dir(digit_shards):
     assert not state.exists()
 
 
+def test_a_stopped_server_starts_again_on_its_own_port_at_once(digit_shards):
+    """What the outage tests and the dashboard's run do: stop nginx while clients hold connections, then start it
+    again on the same port straight away (through TIME_WAIT)."""
+    server = NginxServer(str(digit_shards)).start()
+    try:
+        name = sorted(p.name for p in digit_shards.glob("*.tar"))[0]
+        with urllib.request.urlopen(f"{server.url}/{name}") as response:
+            response.read(1)
+            port = server.port
+            server.stop()
+        assert server.start_again(10) is server and server.port == port
+        with urllib.request.urlopen(f"{server.url}/{name}") as response:
+            assert response.status == 200
+    finally:
+        server.stop()
+
+
 def test_health_checks_are_answered_from_memory_even_with_an_empty_volume(tmp_path):
     """The chart's probes hit /healthz: a constant answer, no directory listing, whatever the volume holds."""
     empty = tmp_path / "volume"

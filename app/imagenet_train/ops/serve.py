@@ -188,6 +188,18 @@ class NginxServer:
             return int(pid_file.read_text().strip())
         return self.process.pid if self.process else None
 
+    def start_again(self, timeout: float = 30.0) -> NginxServer:
+        """Start nginx again on its port after a stop: the port may stay in TIME_WAIT for a moment, so a failed
+        start is retried until `timeout` (then its error line)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.start()
+            except ImagenetTrainError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
     def stop(self) -> None:
         """Stop nginx and remove its state folder."""
         if self.process and self.process.poll() is None:
