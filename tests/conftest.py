@@ -24,6 +24,7 @@ from PIL import Image
 
 from imagenet_train.datasets.convert import ShardOptions, convert
 from imagenet_train.datasets.digits import write_digits
+from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.ops.serve import NginxServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -276,3 +277,12 @@ def local_service(command: list[str], probe_url: str, environment: dict[str, str
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def refusal(call) -> str:
+    """The one-line ImagenetTrainError `call` raises (a bad setting's refusal), asserted to be one line."""
+    with pytest.raises(ImagenetTrainError) as raised:
+        call()
+    message = str(raised.value)
+    assert "\n" not in message
+    return message

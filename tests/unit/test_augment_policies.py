@@ -12,28 +12,19 @@ from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import _config_from
 from imagenet_train.config import AugmentConfig
 from imagenet_train.declarations import declared
-from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading import dali, policies
 from imagenet_train.loading.augment import after_crop, policy
 from imagenet_train.loading.policies import POLICIES, Policy
 from imagenet_train.loading.presets import TrainPreset
 from imagenet_train.main.entry_checks import runnable
 
-from conftest import jpeg_bytes
+from conftest import jpeg_bytes, refusal
 
 pytestmark = pytest.mark.unit
 
 
 def config_of(*flags: str):
     return _config_from(build_parser().parse_args(["train", "--shards", "x", *flags]))
-
-
-def refusal(call) -> str:
-    with pytest.raises(ImagenetTrainError) as raised:
-        call()
-    message = str(raised.value)
-    assert "\n" not in message
-    return message
 
 
 def test_every_enum_member_has_one_table_entry_and_the_setting_offers_exactly_the_table():

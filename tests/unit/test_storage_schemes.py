@@ -11,12 +11,11 @@ from imagenet_train import cli
 from imagenet_train.cli import build_parser
 from imagenet_train.commands.train_cmd import _config_from
 from imagenet_train.datasets.source import load_index
-from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import schemes, storage, transfer
 from imagenet_train.io.schemes import SCHEMES, Scheme
 from imagenet_train.main.entry_checks import runnable as checked
 
-from conftest import REPO
+from conftest import REPO, refusal
 
 pytestmark = pytest.mark.unit
 
@@ -25,14 +24,6 @@ DOCS = REPO / "docs"
 
 def config_of(*flags: str):
     return _config_from(build_parser().parse_args(["train", *flags]))
-
-
-def refusal(call) -> str:
-    with pytest.raises(ImagenetTrainError) as raised:
-        call()
-    message = str(raised.value)
-    assert "\n" not in message
-    return message
 
 
 def cli_refusal(argv: list[str], capsys, monkeypatch) -> str:
