@@ -28,6 +28,12 @@ BEFORE = "abc5a5b"  # main before issue 50's first-batch work (the forkserver pr
 CHILD = """
 import json, os, sys, time
 began = time.time()
+if sys.argv[4] == "command":  # as `imagenet-train train` and `evaluate` do before their own imports (a package
+    try:                      # without it started the forkserver with the loader, as the first scenario does)
+        from imagenet_train.loading.workers import start_worker_server
+        start_worker_server()
+    except ImportError:
+        pass
 import torch
 from imagenet_train.datasets.source import resolve_source
 try:
@@ -75,6 +81,8 @@ PHASES = [
 SCENARIOS = {
     "cold": "loader created, then its first batch at once",
     "model": "loader created, ResNet-50 built (as training does), then start_epoch to the first batch",
+    "command": "forkserver started as the process starts (the train and evaluate commands), loader created after "
+    "the imports, then its first batch at once",
 }
 
 

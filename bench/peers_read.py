@@ -7,7 +7,10 @@ python bench/peers_read.py LOADER WHERE CACHE [--workers 2]
 
 Timing starts once the imports are done and the transform is made, before the dataset is: the first batch and
 epoch 1 include each loader's own start-up (index reads, worker start, its first downloads); epoch 2 iterates the
-same loader again.
+same loader again. Ours starts its workers' forkserver as the process starts, before the imports, as
+`imagenet-train train` and `evaluate` do: its imports (torch, torchvision) run beside this process's, where each peer
+forks workers from a process that has them imported already. A process that makes its first loader without that
+early start pays the forkserver's imports in its first batch: bench/first_batch.py's first scenario.
 """
 
 from __future__ import annotations
@@ -125,6 +128,10 @@ MODULES = {
 
 def read(name: str, where: str, cache: str, workers: int) -> dict:
     """First-batch seconds, epoch 1 and epoch 2 images/s (each batch made the normalised float the model takes)."""
+    if name == "ours":  # its workers' forkserver, started as the train and evaluate commands start it: first thing
+        from imagenet_train.loading.workers import start_worker_server
+
+        start_worker_server()
     import torch
 
     from imagenet_train.training.batch_input import normalize

@@ -97,9 +97,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate the weights on the val shards; write the JSON report and print the summary line."""
     from imagenet_train.io.atomic import atomic_write
     from imagenet_train.io.owned import owned_folder
-    from imagenet_train.main.evaluate import evaluate_weights
 
     cfg = args.config
+    if cfg.loader.workers:
+        from imagenet_train.loading.workers import start_worker_server
+
+        start_worker_server()  # before this process's own imports (torch, torchvision), which its imports then overlap
+    from imagenet_train.main.evaluate import evaluate_weights
+
     # eval.json beside the weights it scored (a --config names another run's folder, which is not this report's);
     # that folder must be ours (io/owned.py), checked before the pass over the val shards.
     beside = "" if args.out else str(Path(args.weights).parent)

@@ -66,6 +66,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         print(resolved_yaml(args.config, *launch_world()), end="", flush=True)
         return 0
+    if args.config.loader.workers:
+        from imagenet_train.loading.workers import start_worker_server
+
+        # Before this process imports torch and torchvision (seconds): the forkserver imports its own beside them,
+        # and is ready for the first epoch's workers instead of starting once the model is built.
+        start_worker_server()
     from imagenet_train.main.train import train
 
     train(args.config)
