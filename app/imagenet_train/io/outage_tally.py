@@ -9,25 +9,25 @@ from __future__ import annotations
 
 import multiprocessing.context
 
+from imagenet_train.shared_tally import SharedTally
 
-class OutageTally:
+
+class OutageTally(SharedTally):
     """Retries and outage seconds, shared by the processes that were handed it (pickled to a loader's workers)."""
 
     RETRIES, SECONDS = range(2)
 
     def __init__(self, context: multiprocessing.context.BaseContext):
-        self.values = context.Array("d", 2)
+        super().__init__(context, "d", 2)
 
     def add(self, retries: int, seconds: float) -> None:
         """Count `retries` more attempts after a failure and `seconds` more of outage."""
-        with self.values.get_lock():
-            self.values[self.RETRIES] += retries
-            self.values[self.SECONDS] += seconds
+        self.increase((self.RETRIES, retries), (self.SECONDS, seconds))
 
     def snapshot(self) -> tuple[int, float]:
         """(retries, outage seconds) so far."""
-        with self.values.get_lock():
-            return int(self.values[self.RETRIES]), self.values[self.SECONDS]
+        retries, seconds = self.read()
+        return int(retries), seconds
 
 
 _counting: list[OutageTally | None] = [None]  # this process's tally

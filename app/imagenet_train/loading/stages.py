@@ -20,6 +20,7 @@ from imagenet_train.io.cache import CheckedCopy, open_cached, open_verified
 from imagenet_train.io.integrity import DigestMismatch, VerifyingReader
 from imagenet_train.io.pipe import CommandFailed
 from imagenet_train.limits import IO_TIMEOUT, MAX_CORRUPT_STREAK
+from imagenet_train.shared_tally import SharedTally
 
 log = logging.getLogger(__name__)
 
@@ -67,24 +68,23 @@ def samples_in_tar(stream, url: str) -> Iterator[dict]:
         yield sample
 
 
-class DamageCounters:
+class DamageCounters(SharedTally):
     """Damage tallies shared by one rank's DataLoader workers: undecodable samples, broken shards and the
     samples those shards lost."""
 
     CORRUPT, BROKEN, LOST = range(3)
 
     def __init__(self, context: multiprocessing.context.BaseContext):
-        self.values = context.Array("q", 3)
+        super().__init__(context, "q", 3)
 
     def add(self, which: int, count: int = 1) -> None:
         """Count `count` more of tally `which` (CORRUPT, BROKEN or LOST)."""
-        with self.values.get_lock():
-            self.values[which] += count
+        self.increase((which, count))
 
     def snapshot(self) -> tuple[int, int, int]:
         """(corrupt samples, broken shards, lost samples) so far."""
-        with self.values.get_lock():
-            return self.values[self.CORRUPT], self.values[self.BROKEN], self.values[self.LOST]
+        corrupt, broken, lost = self.read()
+        return corrupt, broken, lost
 
 
 _reported: set[tuple[str, str]] = set()  # (shard, message) pairs this process already warned about
