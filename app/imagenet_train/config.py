@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from imagenet_train.choices import (
     AUTO_WARMUP,
@@ -535,6 +535,9 @@ class RunConfig:
     )
 
 
+_Config = TypeVar("_Config", bound="Config")  # for_world keeps the class it is given (a checked Config stays one)
+
+
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
@@ -552,7 +555,7 @@ class Config:
         read those, so a URL's user info and signed query values are redacted (redact.py)."""
         return json.dumps(redacted(dataclasses.asdict(self)), indent=1)
 
-    def for_world(self, world_size: int) -> Config:
+    def for_world(self: _Config, world_size: int) -> _Config:
         """This config with each rank's batch derived from --global-batch-size (when set) for `world_size` ranks: the
         optimizer's batch, so each rank takes global / (ranks x --grad-accum-steps) per loader step."""
         total, accumulate = self.loader.global_batch_size, self.optim.grad_accum_steps

@@ -9,6 +9,7 @@ import torch
 
 from imagenet_train.commands.train_cmd import train_config
 from imagenet_train.main import train as main_train
+from imagenet_train.main.entry_checks import runnable
 from imagenet_train.training import loop
 
 
@@ -25,4 +26,4 @@ class EmaWritingTrainer(loop.Trainer):
 
 if __name__ == "__main__":
     main_train.Trainer = EmaWritingTrainer  # type: ignore[misc]
-    main_train.train(train_config(sys.argv[1:]))
+    main_train.train(runnable(train_config(sys.argv[1:])))

@@ -1,7 +1,7 @@
 """`imagenet-train ray`: train on a Ray cluster with Ray Train, each Ray worker running our trainer as one rank.
 
 Ray starts N workers (one per GPU the cluster has, unless told) and sets up their process group;
-`train(cfg)` then runs unchanged in it. A worker that dies makes Ray restart the whole group
+`train(runnable(cfg))` then runs unchanged in it. A worker that dies makes Ray restart the whole group
 (FailureConfig), and every restart continues from the run directory's newest checkpoint, exactly as
 `--resume latest` does under torchrun.
 """
@@ -46,7 +46,7 @@ def run(cfg: Config, options: RayTrainOptions) -> dict:
     from imagenet_train.main.entry_checks import runnable
     from imagenet_train.planning.plan import preflight_check
 
-    runnable(cfg)
+    cfg = runnable(cfg)
     # Bad shards or a hanging layout fail here, once, instead of in every worker on every restart.
     source = run_source(cfg.data, cfg.loader.io_timeout)
     try:
@@ -101,6 +101,7 @@ def train_worker(loop_config: dict) -> None:
     import ray.train
     import torch
 
+    from imagenet_train.main.entry_checks import runnable
     from imagenet_train.main.train import train
 
     local_rank = ray.train.get_context().get_local_rank()
@@ -110,7 +111,7 @@ def train_worker(loop_config: dict) -> None:
     cfg = config_from_dict(loop_config["config"])
     if restarted(Path(cfg.run.run_dir) / "ray" / f"started-{loop_config['run_id']}"):
         cfg.run.resume = "latest"
-    train(cfg)
+    train(runnable(cfg))  # checked again on the worker's node: the libraries it needs must be installed there too
 
 
 def restarted(marker: Path) -> bool:

@@ -2,26 +2,52 @@
 working together (config_checks.checked, on the ground floor), then what this installation must have for them, each
 from the layer that owns it: a reader for every URL's scheme and a writer for --results' (io/schemes.py), the
 decoder's library and the augmentation policy's builder (loading/installed.py), the tracker's library and its
-transport (rundir/trackers.py), timm for the optimizers and the loss that need it."""
+transport (rundir/trackers.py), timm for the optimizers and the loss that need it.
+
+The checks run once, at the boundary: the command's check hook (commands/), the launcher's entry (Ray's `run` and each
+of its workers, Lightning's data module), or the caller's own `runnable(cfg)` in a notebook. What they return is a
+RunnableConfig, the type `train()` and `evaluate_weights()` take: mypy holds typed callers to it, and a plain Config
+handed to either (from an untyped caller) is refused in one line rather than checked there again, so the run itself
+never descends into the checks."""
 
 from __future__ import annotations
+
+import copy
 
 from imagenet_train.choices import TIMM_OPTS, Loss, Opt
 from imagenet_train.config import Config
 from imagenet_train.config_checks import checked
+from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io.schemes import check_settings
 from imagenet_train.loading.installed import check_pipeline
 from imagenet_train.rundir.trackers import check_installed
 
 
-def runnable(cfg: Config) -> Config:
+class RunnableConfig(Config):
+    """A Config that `runnable` checked: its settings in range and working together, and this installation able to
+    run them. Made only by `runnable`, as a copy, so a later change to the Config it was made from does not reach it;
+    change a setting before the checks, not after."""
+
+
+class UncheckedConfig(ImagenetTrainError):
+    """A plain Config handed to an entry that takes a RunnableConfig."""
+
+    def __init__(self, entry: str):
+        super().__init__(
+            f"{entry}: the Config has not been through the entry checks; expected the RunnableConfig that "
+            f"imagenet_train.main.entry_checks.runnable(cfg) returns (cfg = runnable(cfg), then {entry}(cfg))"
+        )
+
+
+def runnable(cfg: Config) -> RunnableConfig:
     """`cfg` once its settings are checked (config_checks.checked) and this installation can run them."""
     checked(cfg)
     check_settings(cfg.data.shards, cfg.data.train_urls, cfg.data.val_urls, cfg.run.results)
     check_pipeline(cfg.loader, cfg.augment)
     _check_timm(cfg)
     check_installed(cfg.run.tracker)
-    return cfg
+    kept = copy.deepcopy(cfg)
+    return RunnableConfig(data=kept.data, loader=kept.loader, augment=kept.augment, optim=kept.optim, run=kept.run)
 
 
 def _check_timm(cfg: Config) -> None:

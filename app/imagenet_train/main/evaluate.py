@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 
 from imagenet_train.choices import Mode
-from imagenet_train.config import Config
 from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.batches import RunBatches
 from imagenet_train.loading.workers import start_worker_server
+from imagenet_train.main.entry_checks import RunnableConfig, UncheckedConfig
 from imagenet_train.training.dist import DistInfo, cleanup, init_distributed
 from imagenet_train.training.evaluation import evaluate
 from imagenet_train.training.models import architecture
@@ -22,10 +22,12 @@ from imagenet_train.training.step import amp_dtype
 from imagenet_train.weights_files import MissingEntry, load_weights
 
 
-def evaluate_weights(cfg: Config, path: str | Path, use_ema: bool = False) -> tuple[dict, DistInfo]:
+def evaluate_weights(cfg: RunnableConfig, path: str | Path, use_ema: bool = False) -> tuple[dict, DistInfo]:
     """`imagenet-train evaluate`: a weights file or checkpoint (its EMA with `use_ema`) scored on the val shards
-    of `cfg` (the run's Config) by every rank of the launch, each sample once; the record (every rank's) and
-    this rank."""
+    of `cfg` (the run's Config, checked by `runnable`: a plain Config is refused in one line) by every rank of the
+    launch, each sample once; the record (every rank's) and this rank."""
+    if not isinstance(cfg, RunnableConfig):  # an untyped caller's: mypy holds the typed ones to it
+        raise UncheckedConfig("evaluate_weights")
     if cfg.loader.workers:
         start_worker_server()  # its imports overlap the weights' load, the index's fetch and the model's build
     weights = ema_weights(path) if use_ema else load_weights(path)  # a bad file fails before any process group

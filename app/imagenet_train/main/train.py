@@ -16,7 +16,7 @@ from imagenet_train.datasets.source import DataSource, run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.batches import RunBatches
 from imagenet_train.loading.workers import start_worker_server
-from imagenet_train.main.entry_checks import runnable
+from imagenet_train.main.entry_checks import RunnableConfig, UncheckedConfig
 from imagenet_train.planning.plan import preflight_check
 from imagenet_train.rundir.checkpoint import Stateful, latest
 from imagenet_train.rundir.directory import RunDirectory
@@ -36,12 +36,15 @@ from imagenet_train.training.parts import RunParts
 log = logging.getLogger(__name__)
 
 
-def train(cfg: Config) -> dict:
+def train(cfg: RunnableConfig) -> dict:
     """Run training on this rank as torchrun launched it; returns the last epoch's metrics.
 
-    Raises Preempted after a clean stop on SIGTERM/SIGUSR1 (the CLI exits with 128 + the signal).
+    `cfg` is checked already (main/entry_checks.py's `runnable`, as every entry point does at its boundary); a plain
+    Config is refused in one line. Raises Preempted after a clean stop on SIGTERM/SIGUSR1 (the CLI exits with 128 +
+    the signal).
     """
-    runnable(cfg)
+    if not isinstance(cfg, RunnableConfig):  # an untyped caller, a notebook's: mypy holds the typed ones to it
+        raise UncheckedConfig("train")
     request = StopRequest()
     request.install()  # before the first collective: a signal during start-up is noted, not fatal
     if cfg.loader.workers:
