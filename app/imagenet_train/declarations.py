@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from imagenet_train.errors import ImagenetTrainError, clip
 
@@ -61,7 +61,13 @@ def setting(default: Any, help: str, **rules: Any) -> Any:
     return field(default=default, metadata={"setting": Setting(help, **rules)})
 
 
-def declared(instance_or_class: object) -> list[tuple[dataclasses.Field, Setting]]:
+class Dataclass(Protocol):
+    """A dataclass or its instance, as `dataclasses.fields` takes it (typeshed's DataclassInstance)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+def declared(instance_or_class: Dataclass | type[Dataclass]) -> list[tuple[dataclasses.Field, Setting]]:
     """The fields of a config dataclass that are settings, in declaration order."""
     return [(f, f.metadata["setting"]) for f in dataclasses.fields(instance_or_class) if "setting" in f.metadata]
 

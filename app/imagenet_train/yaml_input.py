@@ -48,17 +48,15 @@ def read_mapping(path: str | Path, label: str) -> dict[str, Any]:
 def _no_alias_loader() -> tuple[type, type]:
     import yaml
 
-    class AliasError(yaml.YAMLError):
-        """A YAML alias, refused."""
+    class AliasError(yaml.MarkedYAMLError):
+        """A YAML alias, refused (marked with where it stands)."""
 
     class NoAliasLoader(yaml.SafeLoader):
         """yaml.SafeLoader that stops at the first alias instead of sharing (and later expanding) a node."""
 
         def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
-                error = AliasError("alias")
-                error.problem_mark = self.peek_event().start_mark
-                raise error
+                raise AliasError(problem="alias", problem_mark=self.peek_event().start_mark)
             return super().compose_node(parent, index)
 
     return NoAliasLoader, AliasError

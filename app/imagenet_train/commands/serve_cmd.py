@@ -56,7 +56,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             with open(args.pid_file, "w") as stream:
                 stream.write(f"{os.getpid()}\n")
         try:
-            while server.process.poll() is None:
+            while server.running():
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass

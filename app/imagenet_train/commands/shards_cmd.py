@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from imagenet_train.commands import Command, one_shot_io_timeout, training
 from imagenet_train.datasets.fashion_mnist import DEBIAN_SOURCE, ValFrom
@@ -158,15 +159,15 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     from imagenet_train.datasets.source import brace, load_index
 
     index = load_index(args.location, io_timeout=args.io_timeout, trust_index=args.trust_index)
-    summary = {"index": index.location, "classes": len(index.classes), "splits": {}}
+    splits: dict[str, dict[str, Any]] = {}
     for split in index.splits():
         names = [shard["url"] for shard in index.shards(split)]
-        summary["splits"][split] = {"shards": len(names), "samples": index.nsamples(split), "urls": brace(names)}
+        splits[split] = {"shards": len(names), "samples": index.nsamples(split), "urls": brace(names)}
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(json.dumps({"index": index.location, "classes": len(index.classes), "splits": splits}, indent=1))
         return 0
-    print(f"{index.location}: {summary['classes']} classes")
-    for split, info in summary["splits"].items():
+    print(f"{index.location}: {len(index.classes)} classes")
+    for split, info in splits.items():
         print(f"{split}: {info['samples']} samples in {info['shards']} shards: {' '.join(info['urls'])}")
     return 0
 

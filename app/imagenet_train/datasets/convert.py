@@ -11,6 +11,7 @@ import random
 import tarfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import IO
 
 from tqdm import tqdm
 
@@ -77,7 +78,7 @@ def _add(archive: tarfile.TarFile, name: str, data: bytes) -> None:
 class _DigestingWriter(io.RawIOBase):
     """A file that hashes what is written to it, so a shard is never read back just to checksum it."""
 
-    def __init__(self, file: io.BufferedIOBase):
+    def __init__(self, file: IO[bytes]):
         self.file = file
         self.md5, self.sha256, self.size = hashlib.md5(), hashlib.sha256(), 0
 

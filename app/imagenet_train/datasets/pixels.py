@@ -14,7 +14,7 @@ import functools
 import io
 import struct
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -62,18 +62,19 @@ def decoding() -> Iterator[None]:
         raise CorruptImage(f"{type(error).__name__}: {error}") from error
 
 
-Decode = TypeVar("Decode", bound=Callable)
+Arguments = ParamSpec("Arguments")
+Decoded = TypeVar("Decoded")
 
 
-def decoder(function: Decode) -> Decode:
+def decoder(function: Callable[Arguments, Decoded]) -> Callable[Arguments, Decoded]:
     """A decode function whose decoder errors (data damage) come out as CorruptImage."""
 
     @functools.wraps(function)
-    def decode(*args, **kwargs):
+    def decode(*args: Arguments.args, **kwargs: Arguments.kwargs) -> Decoded:
         with decoding():
             return function(*args, **kwargs)
 
-    return decode  # type: ignore[return-value]
+    return decode
 
 
 def check_pixels(width: int, height: int, limit: int) -> None:

@@ -270,7 +270,7 @@ def _upload_resumable(blob, path: str, url: str) -> None:
     session = client()._http
     record = _read_record(record_path)
     offset = _committed(session, record["session"], size) if record else None
-    if offset is None:
+    if record is None or offset is None:
         record = {"url": url, "path": os.path.abspath(path), "size": size}
         record["session"] = blob.create_resumable_upload_session(size=size)
         offset = 0

@@ -220,7 +220,7 @@ class ResumableReader(io.RawIOBase):
                 if self.opened is None:
                     self.opened = self.open_at(self.position)
                     self._pace_from(time.monotonic())
-                data = self._read(len(buffer))
+                data = self._read(self.opened, len(buffer))
                 break
             except RETRYABLE as error:
                 self._drop()
@@ -236,20 +236,20 @@ class ResumableReader(io.RawIOBase):
     def _pace_from(self, now: float) -> None:
         self.window_start, self.window_bytes = now, 0
 
-    def _read(self, size: int) -> bytes:
-        body = self.opened.body
+    def _read(self, opened: Opened, size: int) -> bytes:
+        body = opened.body
         # read1: one receive, so a trickle returns after each byte and its rate is checked; read() would
         # block until `size` bytes came, however slowly.
         waiting.check()  # a stop, or the deadline of a whole operation (probe --wait)
         read1 = getattr(body, "read1", None)
         data = read1(size) if read1 is not None else body.read(size)
         self._pace(len(data))
-        remaining = self.opened.remaining
+        remaining = opened.remaining
         if not data and size and remaining:
             # http.client and friends report a connection closed before the promised length as a clean EOF.
             raise ConnectionError(f"connection closed with {remaining} bytes unread")
         if remaining is not None:
-            self.opened.remaining = remaining - len(data)
+            opened.remaining = remaining - len(data)
         return data
 
     def _pace(self, count: int) -> None:

@@ -75,6 +75,8 @@ class EpochBatches:
         self.loader, self.trainer = loader, trainer
 
     def __len__(self) -> int:
+        if self.loader.batches is None:  # split and queue modes, which Lightning does not run (refuse_uneven_modes)
+            raise TypeError("an epoch without a batch count has no length")  # len()'s error for an unsized object
         return self.loader.batches
 
     def __iter__(self) -> Iterator:
@@ -98,7 +100,7 @@ class ShardDataModule(lightning.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         """Check the launch with the planner and build this rank's loaders."""
-        trainer = self.trainer
+        trainer = self.attached()
         world = trainer.world_size
         preflight_check(self.cfg, self.source.train_sizes, world)
         self.schedule = Schedule.of(self.cfg, self.source.train_samples, self.source.train_sizes, world)
@@ -108,9 +110,17 @@ class ShardDataModule(lightning.LightningDataModule):
         self.train_batches = train_loader(self.cfg, rank, world, device, self.source, self.schedule.epoch_batches(0))
         self.val_batches = val_loader(self.cfg, rank, world, device, self.source)
 
+    def attached(self) -> lightning.Trainer:
+        """The Trainer this module is attached to (Lightning attaches it before setup)."""
+        if self.trainer is None:
+            raise RuntimeError("ShardDataModule is not attached to a Trainer")  # as LightningModule.trainer says
+        return self.trainer
+
     def train_dataloader(self) -> EpochBatches:
         """This rank's training batches, of the Trainer's current epoch each time they are iterated."""
-        return EpochBatches(self.train_batches, self.trainer)
+        if self.train_batches is None:
+            raise RuntimeError("ShardDataModule.train_dataloader before setup")
+        return EpochBatches(self.train_batches, self.attached())
 
     def val_dataloader(self) -> EpochLoader | list:
         """This rank's validation batches (none without a validation split)."""
@@ -121,44 +131,49 @@ class TrainJobProgress(lightning.Callback):
     """The TrainJob's progress (Kubeflow Trainer's status endpoint), posted by rank 0 as `train` posts it
     (training/progress.py): after steps, at most every few seconds, at each epoch's end with its loss and
     validation scores, and 100% once fit ends well, early or not; nothing without the Trainer's variables.
-    ImagenetModule brings it to every Trainer."""
+    ImagenetModule brings it, made for itself, to every Trainer."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: ImagenetModule) -> None:
+        self.module = module
         self.run: RunProgress | None = None
         self.epoch: StepHook = StepHook()
         self.started, self.batches = 0.0, 0  # when this epoch started here, and the batches it has run since
 
-    def on_fit_start(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
+    def on_fit_start(self, trainer: lightning.Trainer, module: lightning.LightningModule) -> None:
         """Rank 0 finds the endpoint (the schedule gives the run's length in steps)."""
-        self.run = RunProgress.of(module.schedule, trainer.is_global_zero)
+        self.run = RunProgress.of(self.module.schedule, trainer.is_global_zero)
 
-    def on_train_epoch_start(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
+    def on_train_epoch_start(self, trainer: lightning.Trainer, module: lightning.LightningModule) -> None:
         """This epoch's share of the report."""
-        self.epoch, self.started, self.batches = self.run.at(trainer.current_epoch), time.monotonic(), 0
+        if self.run is not None:  # set by on_fit_start, which Lightning calls first
+            self.epoch, self.started, self.batches = self.run.at(trainer.current_epoch), time.monotonic(), 0
 
     def on_train_batch_end(
-        self, trainer: lightning.Trainer, module: ImagenetModule, outputs: object, batch: object, index: int
+        self, trainer: lightning.Trainer, module: lightning.LightningModule, outputs: object, batch: object, index: int
     ) -> None:
         """Report the steps done (when due)."""
         self.batches += 1
         self.epoch.after_step(index + 1)
 
-    def on_train_epoch_end(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
+    def on_train_epoch_end(self, trainer: lightning.Trainer, module: lightning.LightningModule) -> None:
         """After the epoch's validation (Lightning validates before this hook): post with its metrics, the
         scores only when this epoch was validated (callback_metrics keeps the last validation's)."""
         epoch, loss = trainer.current_epoch, trainer.callback_metrics.get("train_loss")
         record: dict = {"epoch": epoch, **({"train_loss": float(loss)} if loss is not None else {})}
-        if module.history and module.history[-1]["epoch"] == epoch:
-            record.update(module.history[-1])
+        history = self.module.history
+        if history and history[-1]["epoch"] == epoch:
+            record.update(history[-1])
         elapsed = time.monotonic() - self.started
         if elapsed > 0:  # the batches run, not the epoch's: max_steps or max_time may end it part way
-            record["samples_per_s"] = self.batches * module.schedule.global_batch / elapsed
-        self.run.epoch_end(epoch, record)
+            record["samples_per_s"] = self.batches * self.module.schedule.global_batch / elapsed
+        if self.run is not None:
+            self.run.epoch_end(epoch, record)
 
-    def on_fit_end(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
+    def on_fit_end(self, trainer: lightning.Trainer, module: lightning.LightningModule) -> None:
         """A fit that ended well is done even before its last epoch (EarlyStopping, max_time, max_steps): post 100%
         unless that epoch's end did. Lightning calls this only when fit returns, never after an exception."""
-        self.run.end()
+        if self.run is not None:
+            self.run.end()
 
 
 class StopAtBatchEnd(lightning.Callback):
@@ -175,7 +190,7 @@ class StopAtBatchEnd(lightning.Callback):
         self.trainer: lightning.Trainer | None = None
         self.noted = 0  # the stop signal this rank received (0: none)
 
-    def on_train_start(self, trainer: lightning.Trainer, module: ImagenetModule) -> None:
+    def on_train_start(self, trainer: lightning.Trainer, module: lightning.LightningModule) -> None:
         """Take SIGTERM over from Lightning's handler (its teardown puts back what was there before the fit)."""
         self.trainer = trainer
         if threading.current_thread() is threading.main_thread():
@@ -189,7 +204,7 @@ class StopAtBatchEnd(lightning.Callback):
             launcher.kill(signum)
 
     def on_train_batch_end(
-        self, trainer: lightning.Trainer, module: ImagenetModule, outputs: object, batch: object, index: int
+        self, trainer: lightning.Trainer, module: lightning.LightningModule, outputs: object, batch: object, index: int
     ) -> None:
         """Stop every rank here when any rank has noted a stop signal."""
         if self.agreed(trainer):
@@ -211,7 +226,9 @@ class ImagenetModule(lightning.LightningModule):
         super().__init__()
         self.cfg = cfg
         torch.manual_seed(cfg.run.seed)
-        self.model = models.create(cfg.run, num_classes, lightning.pytorch.utilities.rank_zero_only.rank == 0)
+        # Lightning sets `rank` on its rank_zero_only function at import; its stubs lack the attribute.
+        rank = lightning.pytorch.utilities.rank_zero_only.rank  # type: ignore[attr-defined]
+        self.model = models.create(cfg.run, num_classes, rank == 0)
         self.criterion = build_criterion(cfg.optim)
         self.num_classes = num_classes
         self.totals = Totals(num_classes, torch.device("cpu"))
@@ -220,7 +237,7 @@ class ImagenetModule(lightning.LightningModule):
     @property
     def schedule(self) -> Schedule:
         """The run's LR and batch schedule, made by the data module's setup."""
-        return self.trainer.datamodule.schedule
+        return self.trainer.datamodule.schedule  # type: ignore[attr-defined]  # set by fit; Trainer's stubs lack it
 
     def setup(self, stage: str) -> None:
         """The LR schedule spans --epochs: the Trainer must run exactly as many."""
@@ -231,7 +248,7 @@ class ImagenetModule(lightning.LightningModule):
 
     def configure_callbacks(self) -> list[lightning.Callback]:
         """The TrainJob's progress and a clean stop, whichever Trainer runs the module."""
-        return [TrainJobProgress(), StopAtBatchEnd()]
+        return [TrainJobProgress(self), StopAtBatchEnd()]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """The run's --opt over the model's parameter groups, starting at the schedule's base LR."""
@@ -241,7 +258,7 @@ class ImagenetModule(lightning.LightningModule):
         """One batch's training loss, with the learning rate set for this step."""
         images, labels, _ = batch
         lr = self.schedule.lr(self.current_epoch, batch_idx, self.schedule.epoch_batches(self.current_epoch))
-        for group in self.optimizers().param_groups:
+        for group in self.trainer.optimizers[0].param_groups:  # the one configure_optimizers returns
             group["lr"] = lr
         loss = self.criterion(self.model(normalize(images, False)), labels)
         self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(labels))

@@ -21,6 +21,8 @@ from imagenet_train.training.progress import evaluating
 from imagenet_train.training.step import amp_dtype
 from imagenet_train.weights_files import MissingEntry, load_weights
 
+NO_VAL_SHARDS = "evaluate: no val shards; expected an index with a val split (or --val-urls)"
+
 
 def evaluate_weights(cfg: RunnableConfig, path: str | Path, use_ema: bool = False) -> tuple[dict, DistInfo]:
     """`imagenet-train evaluate`: a weights file or checkpoint (its EMA with `use_ema`) scored on the val shards
@@ -33,7 +35,7 @@ def evaluate_weights(cfg: RunnableConfig, path: str | Path, use_ema: bool = Fals
     weights = ema_weights(path) if use_ema else load_weights(path)  # a bad file fails before any process group
     source = run_source(cfg.data, cfg.loader.io_timeout)
     if not source.val_urls:
-        raise ImagenetTrainError("evaluate: no val shards; expected an index with a val split (or --val-urls)")
+        raise ImagenetTrainError(NO_VAL_SHARDS)
     model = architecture(cfg.run, source.num_classes)
     try:
         model.load_state_dict(weights)
@@ -45,12 +47,15 @@ def evaluate_weights(cfg: RunnableConfig, path: str | Path, use_ema: bool = Fals
     info = init_distributed()
     try:
         channels_last = cfg.run.channels_last and info.device.type == "cuda"
-        model = model.to(info.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+        memory_format = torch.channels_last if channels_last else torch.preserve_format
+        model = model.to(info.device, memory_format=memory_format)  # type: ignore[call-overload]  # missing in torch's stubs
         model.eval()
         # The val loader only; resampled mode keeps the unused train loader from drawing a shard queue.
         loader = dataclasses.replace(cfg.loader, mode=Mode.RESAMPLED)
         batches = RunBatches(dataclasses.replace(cfg, loader=loader), info.rank, info.world, info.device, source, 1)
         try:
+            if batches.val is None:  # not reached: RunBatches builds a val loader for the val shards checked above
+                raise ImagenetTrainError(NO_VAL_SHARDS)
             record, _ = evaluate(
                 model,
                 batches.val,

@@ -136,15 +136,15 @@ class NginxServer:
         self.state = Path(tempfile.mkdtemp(prefix="imagenet-train-nginx-"))
         config = self.state / "nginx.conf"
         config.write_text(self.config_text(self.state))
-        self.process = subprocess.Popen(
+        self.process = process = subprocess.Popen(
             [nginx_binary(), "-p", str(self.state), "-c", str(config), "-e", str(self.state / "error.log")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise self.failed()
+            if process.poll() is not None:
+                raise self.failed(process)
             if self.answers():
                 return self
             time.sleep(0.05)
@@ -172,21 +172,25 @@ class NginxServer:
             f"stop that server or choose another --port (0: a free one)"
         )
 
-    def failed(self) -> ImagenetTrainError:
+    def failed(self, process: subprocess.Popen) -> ImagenetTrainError:
         """The error for an nginx that exited while starting: its last line (a taken port said as such)."""
-        error = (self.process.stderr.read() or b"").decode().strip().splitlines()
+        error = ((process.stderr.read() if process.stderr else None) or b"").decode().strip().splitlines()
         if any("Address already in use" in line for line in error):
             return self.busy()  # taken between the check and nginx's bind
-        last = error[-1] if error else f"exit {self.process.returncode}"
+        last = error[-1] if error else f"exit {process.returncode}"
         return ImagenetTrainError(f"nginx on {self.host}:{self.port} failed to start: {last}")
 
     @property
     def pid(self) -> int | None:
         """The nginx master's pid (None before it started)."""
+        return self._master_pid(self.process) if self.process else None
+
+    def _master_pid(self, process: subprocess.Popen) -> int:
+        # The pid file once nginx wrote it, else the process started (the master either way).
         pid_file = self.state / "nginx.pid" if self.state else None
         if pid_file and pid_file.exists():
             return int(pid_file.read_text().strip())
-        return self.process.pid if self.process else None
+        return process.pid
 
     def start_again(self, timeout: float = 30.0) -> NginxServer:
         """Start nginx again on its port after a stop: the port may stay in TIME_WAIT for a moment, so a failed
@@ -200,10 +204,14 @@ class NginxServer:
                     raise
                 time.sleep(0.2)
 
+    def running(self) -> bool:
+        """Whether the nginx this server started is still running."""
+        return self.process is not None and self.process.poll() is None
+
     def stop(self) -> None:
         """Stop nginx and remove its state folder."""
         if self.process and self.process.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
+            os.kill(self._master_pid(self.process), signal.SIGTERM)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:

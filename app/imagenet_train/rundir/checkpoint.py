@@ -17,7 +17,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path, PurePath
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import numpy as np
 import torch
@@ -50,7 +50,8 @@ def save(state: dict, path: Path) -> None:
         owned_folder(path.parent)  # 0700 when made; another user's folder or link is one line
         with atomic_write(path, "wb", buffering=0, private=True) as raw:
             writer = _Writer(raw)
-            torch.save(state, writer)
+            # torch's stubs type the file as IO[bytes]; torch.save calls only write() and flush()
+            torch.save(state, writer)  # type: ignore[arg-type]
     except (OSError, RuntimeError) as error:  # torch's zip writer reports a failed write as RuntimeError
         cause = writer.error if writer and writer.error else error
         reason = getattr(cause, "strerror", None) or str(cause).splitlines()[0][:120] or type(cause).__name__
@@ -167,15 +168,16 @@ def plain(value, where: str = "checkpoint"):
         kind = OrderedDict if isinstance(value, OrderedDict) else dict
         result = kind((plain(key, where), plain(item, f"{where}[{key!r}]")) for key, item in value.items())
         if isinstance(getattr(value, "_metadata", None), dict):  # a module state dict's per-module versions
-            result._metadata = plain(value._metadata, where)
+            # torch sets _metadata on the OrderedDict a state dict is; the dict stubs lack that attribute
+            result._metadata = plain(value._metadata, where)  # type: ignore[attr-defined]
         return result
     if isinstance(value, (list, tuple)):
         items = [plain(item, f"{where}[{i}]") for i, item in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)  # a namedtuple becomes a plain tuple
     if isinstance(value, (set, frozenset)):
         return sorted(plain(item, where) for item in value)
-    for kind, convert in _LEAVES:
-        if isinstance(value, kind):
+    for leaf, convert in _LEAVES:
+        if isinstance(value, leaf):
             return convert(value)
     fields = _fields(value)
     if fields is not None:
@@ -268,6 +270,7 @@ class RunState:
         finite optimizer settings (a NaN learning rate would train on silently)."""
         state = load(path)
         try:
+            resumed: tuple[int, Position | None]
             if state.get("position"):
                 position = Position.from_dict(state["position"])
                 resumed = position.epoch, position
@@ -287,7 +290,7 @@ class RunState:
             raise ImagenetTrainError(f"{path}: checkpoint does not fit this run ({reason})") from None
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

@@ -28,10 +28,18 @@ MAX_METRICS_BYTES = 64 << 20  # a line per epoch is a few hundred bytes; a bigge
 
 # What this module needs of training/'s DistInfo (rundir/ sits below training/) and of a tracker's run.
 class RankPlacement(Protocol):
-    """Where this rank runs: the world size and its device (training.dist.DistInfo)."""
+    """Where this rank runs: the world size and its device (training.dist.DistInfo). Read-only members, so that
+    the frozen DistInfo satisfies them."""
 
-    world: int
-    device: torch.device
+    @property
+    def world(self) -> int:
+        """How many ranks the run has."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device."""
+        ...
 
 
 class TrackerRun(Protocol):

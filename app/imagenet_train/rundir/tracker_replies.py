@@ -83,7 +83,7 @@ def bound_mlflow() -> None:
             session.hooks["response"].append(_capped)
         return session
 
-    bounded.bounded = True  # type: ignore[attr-defined]
+    bounded.bounded = True  # type: ignore[attr-defined]  # a mark on the function: mypy types no function attributes
     request_utils._get_request_session = bounded
 
 

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imagenet_train.choices import Tracker
 from imagenet_train.config import RunConfig
@@ -28,6 +28,9 @@ from imagenet_train.errors import ImagenetTrainError, clip, one_line
 from imagenet_train.io.atomic import atomic_write
 from imagenet_train.redact import credentials, redact
 from imagenet_train.rundir.tracker_replies import bound_mlflow, check_transport
+
+if TYPE_CHECKING:
+    import wandb
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +110,7 @@ class MlflowBackend:
         from mlflow.entities import Param
 
         held = self._held_params(run_id) if run_id else None
-        if held is not None:
+        if run_id and held is not None:
             self.client.update_run(run_id, status="RUNNING")
         else:
             run_id = self.client.create_run(self._experiment(), run_name=name).info.run_id
@@ -159,10 +162,12 @@ class WandbBackend:
     """W&B through wandb.init: WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE, WANDB_DIR, WANDB_API_KEY and its other
     variables are read by wandb itself; without WANDB_DIR its files go under the run directory."""
 
+    run: wandb.Run  # from start(), which the sink calls before anything else
+
     def __init__(self, run_dir: Path) -> None:
         import wandb
 
-        self.wandb, self.run_dir, self.run = wandb, run_dir, None
+        self.wandb, self.run_dir = wandb, run_dir
 
     def start(self, run_id: str | None, name: str, params: dict[str, Any]) -> str:
         """wandb.init a new run (or resume `run_id`), with the params as its config."""

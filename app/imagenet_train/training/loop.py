@@ -35,7 +35,7 @@ from imagenet_train.training.hooks import (
     stop_waiting,
 )
 from imagenet_train.training.metrics import run_metrics
-from imagenet_train.training.parts import RunParts
+from imagenet_train.training.parts import RunParts, Saved
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +61,12 @@ class Trainer:
         steps, length = self.schedule.epoch_batches(0), self.schedule.interval_epochs  # the ramp's data epochs
         self.batches = parts.batches(source, steps, length)
         facts = {"schedule": self.schedule.facts(), "config": json.loads(cfg.to_json())}
-        saved = {"model": self.model, "optimizer": self.step.optimizer, "scaler": self.step.scaler}
+        saved: dict[str, Saved] = {"model": self.model, "optimizer": self.step.optimizer, "scaler": self.step.scaler}
         self.dir = parts.directory(saved, facts)
         if self.ema:
             self.dir.state.add("ema", self.ema)
-        self.start_epoch, self.position = 0, None  # position: set when resuming inside an epoch
+        self.start_epoch = 0
+        self.position: Position | None = None  # set when resuming inside an epoch
         self.consumed: frozenset[str] = frozenset()  # exact modes, resuming inside an epoch: the keys it read
         self.stop_position: Position | None = None  # where a pre-emption stopped the epoch
         self.stop_signal = 0
@@ -119,7 +120,7 @@ class Trainer:
         self.position, self.consumed = None, frozenset()
         self.batches.train.start_epoch(epoch, skip_keys=skip, resume_tag=start.resume_tag, batches=start.batches)
         saved = start.resumed_from
-        if start.world_changed and info.is_main:
+        if start.world_changed and saved is not None and info.is_main:  # world_changed comes with resumed_from
             what = (
                 f"the {len(skip)} samples already seen are skipped and the rest split over the new ranks"
                 if self.exact

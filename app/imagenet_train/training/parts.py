@@ -46,10 +46,18 @@ class Loader(Protocol):
 
 
 class Batches(Protocol):
-    """The run's train and val batches on the device."""
+    """The run's train and val batches on the device. Read-only members, so that RunBatches, whose loaders are
+    EpochLoaders, satisfies them."""
 
-    train: Loader
-    val: Loader | None
+    @property
+    def train(self) -> Loader:
+        """The train loader."""
+        ...
+
+    @property
+    def val(self) -> Loader | None:
+        """The val loader (None: no val split)."""
+        ...
 
     def train_batches(self) -> Iterable[DeviceBatch]:
         """The epoch's train batches."""
@@ -120,12 +128,27 @@ class Mirror(Protocol):
 
 class RunFiles(Protocol):
     """RUN_DIR on one rank: checkpoints (`state`), the epochs' lines (`records`, rank 0, else None) and the
-    mirror to --results (`mirror`)."""
+    mirror to --results (`mirror`). Read-only members, so that RunDirectory's own classes satisfy them."""
 
-    path: Path
-    state: Checkpoints
-    records: EpochLines | None
-    mirror: Mirror
+    @property
+    def path(self) -> Path:
+        """RUN_DIR."""
+        ...
+
+    @property
+    def state(self) -> Checkpoints:
+        """The checkpoints."""
+        ...
+
+    @property
+    def records(self) -> EpochLines | None:
+        """The epochs' lines (rank 0, else None)."""
+        ...
+
+    @property
+    def mirror(self) -> Mirror:
+        """The copy to --results."""
+        ...
 
     def checkpoint_for(self, resume: str, rank: int, world: int) -> Path | None:
         """The checkpoint --resume names, or None."""
