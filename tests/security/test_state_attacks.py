@@ -194,7 +194,7 @@ def test_a_link_planted_at_the_io_wait_stamp_is_not_followed(tmp_path, monkeypat
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     os.utime(victim, (0, 0))  # long unchanged: a stamp this old lets the next wait log and write it
-    (folder / "io-wait.stamp").symlink_to(victim)
+    (folder / resumable.wait_stamp_name()).symlink_to(victim)
     _wait_out_one_refusal()
     assert victim.read_text() == "precious\n"
     assert "waiting for http://127.0.0.1:9/shard.tar" in caplog.text  # the wait is still logged
@@ -206,8 +206,8 @@ def test_an_io_wait_folder_made_by_another_user_is_not_used(nobody_python, share
     victim.chmod(0o666)
     os.utime(victim, (0, 0))
     folder = shared_tmp / f"imagenet-train-{os.geteuid()}"
-    code = "import os, sys; os.umask(0); os.mkdir(sys.argv[1]); os.symlink(sys.argv[2], sys.argv[1] + '/io-wait.stamp')"
-    _as_nobody(nobody_python, code, str(folder), str(victim))
+    code = "import os, sys; os.umask(0); os.mkdir(sys.argv[1]); os.symlink(sys.argv[2], os.path.join(*sys.argv[1::2]))"
+    _as_nobody(nobody_python, code, str(folder), str(victim), resumable.wait_stamp_name())  # folder, victim, name
     _wait_out_one_refusal()
     assert victim.read_text() == "precious\n"
     assert "waiting for" in caplog.text

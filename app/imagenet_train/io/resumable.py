@@ -131,7 +131,7 @@ def describe(error: BaseException) -> str:
 
 
 def _node_may_log() -> bool:
-    """At most one waiting line per minute per node, across all ranks and DataLoader workers on it.
+    """At most one waiting line per minute per job on a node, across all its ranks and DataLoader workers there.
 
     The stamp lives in a per-user folder under $TMPDIR that must be ours, a real directory and closed to
     others; the stamp is opened without following links. Where that cannot be had, every wait is logged:
@@ -164,12 +164,22 @@ def _open_stamp() -> int:
         os.chmod(folder, 0o700)  # made by an older version with the umask's mode: ours, so close it
     # O_NONBLOCK: a planted FIFO fails at once instead of blocking the open.
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    handle = os.open(os.path.join(folder, "io-wait.stamp"), flags, 0o600)
+    handle = os.open(os.path.join(folder, wait_stamp_name()), flags, 0o600)
     info = os.fstat(handle)
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
         os.close(handle)
         raise PermissionError("io-wait.stamp: not this user's file")
     return handle
+
+
+def wait_stamp_name() -> str:
+    """The I/O-wait stamp of the job this process belongs to: torchrun's run id (a fresh one per --standalone
+    launch), else Slurm's job and step, else one for the node. Keyed by job, the throttle never silences a job's
+    first waiting line because another (the same user's, on the same node) logged within the minute."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    slurm = os.environ.get("SLURM_JOB_ID", "")
+    job = run if run != "none" else f"slurm-{slurm}.{os.environ.get('SLURM_STEP_ID', '')}" if slurm else "node"
+    return "io-wait-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in job)[:64] + ".stamp"
 
 
 def call(url: str, budget: float, attempt: Callable[[], object]):
@@ -218,6 +228,8 @@ class ResumableReader(io.RawIOBase):
         while True:
             try:
                 if self.opened is None:
+                    if self.size is not None and self.position >= self.size:
+                        return 0  # broken off after the last byte: a Range from the end is a 416, not the end
                     self.opened = self.open_at(self.position)
                     self._pace_from(time.monotonic())
                 data = self._read(self.opened, len(buffer))
@@ -243,8 +255,9 @@ class ResumableReader(io.RawIOBase):
         waiting.check()  # a stop, or the deadline of a whole operation (probe --wait)
         read1 = getattr(body, "read1", None)
         data = read1(size) if read1 is not None else body.read(size)
-        self._pace(len(data))
         remaining = opened.remaining
+        if data or remaining != 0:  # the end of a body read whole is no stall, however long the reader paused
+            self._pace(len(data))
         if not data and size and remaining:
             # http.client and friends report a connection closed before the promised length as a clean EOF.
             raise ConnectionError(f"connection closed with {remaining} bytes unread")
