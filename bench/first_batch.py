@@ -174,7 +174,7 @@ def block(f: dict, machine: str) -> list[str]:
         f"Measured {f.get('date', '')} on {machine} by `python bench/benchmarks_page.py --only first_batch "
         f"--workers {f['workers']}` (`bench/first_batch.py`: a fresh process per figure, {f['workers']} workers, "
         f"batch {f['batch']}, split mode, shuffle buffer 1000, sizes and sha256 checked as in training, over the "
-        f"bench's shards; before = the package at {BEFORE}, after = this tree; before/after and both scenarios "
+        f"bench's shards; before = the package at {BEFORE}, after = this tree; before/after and each scenario "
         f"interleaved, {f['rounds']} rounds, medians). 1-minute load average {f['load'][0]:.1f} at the start, "
         f"{f['load'][1]:.1f} at the end. Phases are of the worker whose batch came first, from timestamps (process "
         "starts from /proc); in the second scenario the forkserver's phase runs while the model is built. Every "

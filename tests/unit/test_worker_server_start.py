@@ -11,6 +11,8 @@ from imagenet_train.commands import evaluate_cmd, train_cmd
 from imagenet_train.config import Config
 from imagenet_train.loading import workers
 
+pytestmark = pytest.mark.unit
+
 
 def _watch(monkeypatch: pytest.MonkeyPatch, module: str, function: str, result: object) -> list[str]:
     """Stand-ins for the forkserver's start and for `module` (not imported yet for real), noting the order."""

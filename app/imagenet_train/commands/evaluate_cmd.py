@@ -99,18 +99,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from imagenet_train.io.owned import owned_folder
 
     cfg = args.config
-    if cfg.loader.workers:
-        from imagenet_train.loading.workers import start_worker_server
-
-        start_worker_server()  # before this process's own imports (torch, torchvision), which its imports then overlap
-    from imagenet_train.main.evaluate import evaluate_weights
-
     # eval.json beside the weights it scored (a --config names another run's folder, which is not this report's);
     # that folder must be ours (io/owned.py), checked before the pass over the val shards.
     beside = "" if args.out else str(Path(args.weights).parent)
     what = f"{beside} (eval.json's folder, beside the weights; --out FILE writes elsewhere)"
     if beside:
         owned_folder(beside, what)
+    if cfg.loader.workers:
+        from imagenet_train.loading.workers import start_worker_server
+
+        start_worker_server()  # before this process's own imports (torch, torchvision), which its imports then overlap
+    from imagenet_train.main.evaluate import evaluate_weights
+
     record, info = evaluate_weights(cfg, args.weights, args.ema)
     if not info.is_main:
         return 0

@@ -89,7 +89,7 @@ class ShardDataModule(lightning.LightningDataModule):
 
     def __init__(self, cfg: Config):
         super().__init__()
-        runnable(cfg)
+        cfg = runnable(cfg)
         refuse_uneven_modes(cfg)
         refuse_train_only_settings(cfg)
         self.cfg = cfg

@@ -46,6 +46,7 @@ def run(cfg: Config, options: RayTrainOptions) -> dict:
     from imagenet_train.main.entry_checks import runnable
     from imagenet_train.planning.plan import preflight_check
 
+    cfg.run.run_dir = str(Path(cfg.run.run_dir).resolve())  # the workers' folder, whatever their working directory
     cfg = runnable(cfg)
     # Bad shards or a hanging layout fail here, once, instead of in every worker on every restart.
     source = run_source(cfg.data, cfg.loader.io_timeout)
@@ -67,8 +68,7 @@ def run(cfg: Config, options: RayTrainOptions) -> dict:
         assessment = preflight_check(cfg, source.train_sizes, workers)
         verdict = assessment.verdict if assessment else "not checked (the index gives no shard sizes)"
         print(f"ray: {workers} {'GPU' if use_gpu else 'CPU'} workers; plan: {verdict}", flush=True)
-        run_dir = Path(cfg.run.run_dir).resolve()
-        cfg.run.run_dir = str(run_dir)
+        run_dir = Path(cfg.run.run_dir)
         trainer = TorchTrainer(
             train_worker,
             train_loop_config={"config": dataclasses.asdict(cfg), "run_id": uuid.uuid4().hex},

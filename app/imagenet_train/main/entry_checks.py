@@ -13,6 +13,8 @@ never descends into the checks."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 
 from imagenet_train.choices import TIMM_OPTS, Loss, Opt
 from imagenet_train.config import Config
@@ -25,18 +27,25 @@ from imagenet_train.rundir.trackers import check_installed
 
 class RunnableConfig(Config):
     """A Config that `runnable` checked: its settings in range and working together, and this installation able to
-    run them. Made only by `runnable`, as a copy, so a later change to the Config it was made from does not reach it;
-    change a setting before the checks, not after."""
+    run them. `runnable` makes it as a copy, so a later change to the Config it was made from does not reach it, and
+    notes its values: an entry refuses one changed since (`refuse_unchecked`). Change a setting before the checks."""
+
+    checked_values = ""  # the values `runnable` checked; a RunnableConfig made any other way has none
 
 
 class UncheckedConfig(ImagenetTrainError):
-    """A plain Config handed to an entry that takes a RunnableConfig."""
+    """A Config handed to an entry that takes a RunnableConfig, unchecked or changed since its checks."""
 
     def __init__(self, entry: str):
+        self.entry = entry
         super().__init__(
-            f"{entry}: the Config has not been through the entry checks; expected the RunnableConfig that "
-            f"imagenet_train.main.entry_checks.runnable(cfg) returns (cfg = runnable(cfg), then {entry}(cfg))"
+            f"{entry}: the Config has not been through the entry checks, or was changed after them; expected the "
+            f"RunnableConfig that imagenet_train.main.entry_checks.runnable(cfg) returns (cfg = runnable(cfg), then "
+            f"{entry}(cfg), with no setting changed in between)"
         )
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return type(self), (self.entry,)  # pickled (Ray, multiprocessing) as made, not from its message
 
 
 def runnable(cfg: Config) -> RunnableConfig:
@@ -47,7 +56,20 @@ def runnable(cfg: Config) -> RunnableConfig:
     _check_timm(cfg)
     check_installed(cfg.run.tracker)
     kept = copy.deepcopy(cfg)
-    return RunnableConfig(data=kept.data, loader=kept.loader, augment=kept.augment, optim=kept.optim, run=kept.run)
+    made = RunnableConfig(**{part.name: getattr(kept, part.name) for part in dataclasses.fields(Config)})
+    made.checked_values = _values(made)
+    return made
+
+
+def refuse_unchecked(cfg: Config, entry: str) -> None:
+    """Refuse, in one line, a Config `runnable` did not hand back, or one changed since it did (an untyped caller's:
+    mypy holds the typed ones to RunnableConfig)."""
+    if not isinstance(cfg, RunnableConfig) or not cfg.checked_values or cfg.checked_values != _values(cfg):
+        raise UncheckedConfig(entry)
+
+
+def _values(cfg: Config) -> str:
+    return json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
 
 
 def _check_timm(cfg: Config) -> None:

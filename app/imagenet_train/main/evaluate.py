@@ -13,7 +13,7 @@ from imagenet_train.datasets.source import run_source
 from imagenet_train.errors import ImagenetTrainError, clip
 from imagenet_train.loading.batches import RunBatches
 from imagenet_train.loading.workers import start_worker_server
-from imagenet_train.main.entry_checks import RunnableConfig, UncheckedConfig
+from imagenet_train.main.entry_checks import RunnableConfig, refuse_unchecked
 from imagenet_train.training.dist import DistInfo, cleanup, init_distributed
 from imagenet_train.training.evaluation import evaluate
 from imagenet_train.training.models import architecture
@@ -28,8 +28,7 @@ def evaluate_weights(cfg: RunnableConfig, path: str | Path, use_ema: bool = Fals
     """`imagenet-train evaluate`: a weights file or checkpoint (its EMA with `use_ema`) scored on the val shards
     of `cfg` (the run's Config, checked by `runnable`: a plain Config is refused in one line) by every rank of the
     launch, each sample once; the record (every rank's) and this rank."""
-    if not isinstance(cfg, RunnableConfig):  # an untyped caller's: mypy holds the typed ones to it
-        raise UncheckedConfig("evaluate_weights")
+    refuse_unchecked(cfg, "evaluate_weights")
     if cfg.loader.workers:
         start_worker_server()  # its imports overlap the weights' load, the index's fetch and the model's build
     weights = ema_weights(path) if use_ema else load_weights(path)  # a bad file fails before any process group
@@ -48,7 +47,8 @@ def evaluate_weights(cfg: RunnableConfig, path: str | Path, use_ema: bool = Fals
     try:
         channels_last = cfg.run.channels_last and info.device.type == "cuda"
         memory_format = torch.channels_last if channels_last else torch.preserve_format
-        model = model.to(info.device, memory_format=memory_format)  # type: ignore[call-overload]  # missing in torch's stubs
+        # memory_format is missing from torch's stubs for Module.to
+        model = model.to(info.device, memory_format=memory_format)  # type: ignore[call-overload]
         model.eval()
         # The val loader only; resampled mode keeps the unused train loader from drawing a shard queue.
         loader = dataclasses.replace(cfg.loader, mode=Mode.RESAMPLED)

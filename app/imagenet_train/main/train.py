@@ -16,7 +16,7 @@ from imagenet_train.datasets.source import DataSource, run_source
 from imagenet_train.errors import ImagenetTrainError, PeerLost, Preempted
 from imagenet_train.loading.batches import RunBatches
 from imagenet_train.loading.workers import start_worker_server
-from imagenet_train.main.entry_checks import RunnableConfig, UncheckedConfig
+from imagenet_train.main.entry_checks import RunnableConfig, refuse_unchecked
 from imagenet_train.planning.plan import preflight_check
 from imagenet_train.rundir.checkpoint import Stateful, latest
 from imagenet_train.rundir.directory import RunDirectory
@@ -43,8 +43,7 @@ def train(cfg: RunnableConfig) -> dict:
     Config is refused in one line. Raises Preempted after a clean stop on SIGTERM/SIGUSR1 (the CLI exits with 128 +
     the signal).
     """
-    if not isinstance(cfg, RunnableConfig):  # an untyped caller, a notebook's: mypy holds the typed ones to it
-        raise UncheckedConfig("train")
+    refuse_unchecked(cfg, "train")
     request = StopRequest()
     request.install()  # before the first collective: a signal during start-up is noted, not fatal
     if cfg.loader.workers:
