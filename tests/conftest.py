@@ -13,14 +13,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import imagebuild
 import numpy as np
 import pytest
+from local_server import serving
 from PIL import Image
 
 from imagenet_train.datasets.convert import ShardOptions, convert
@@ -284,31 +283,19 @@ def gcs_emulator(bucket: str, host: str = "127.0.0.1") -> Iterator[str]:
 
 @contextlib.contextmanager
 def local_service(command: list[str], probe_url: str, environment: dict[str, str]) -> Iterator[None]:
-    """Run a real server process (an emulator) on loopback until `probe_url` answers, with `environment` set
-    for the test; stop it and restore the environment afterwards."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(probe_url, timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                pytest.fail(f"{Path(command[0]).name} did not start")
-            time.sleep(0.1)
+    """Run a real server process (an emulator) on loopback until `probe_url` answers (tools/local_server.py), with
+    `environment` set for the test; stop it and restore the environment afterwards."""
     previous = {key: os.environ.get(key) for key in environment}
-    os.environ.update(environment)
-    try:
-        yield
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with serving(command, probe_url, 30):
+        os.environ.update(environment)
+        try:
+            yield
+        finally:
+            for key, value in previous.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def refusal(call) -> str:
