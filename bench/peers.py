@@ -19,19 +19,19 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent / "tools"))  # local_server
 
 import common  # noqa: E402
 import pages  # noqa: E402
 import peers_read  # noqa: E402,F401  (puts bench/.peers on sys.path)
 import peers_table  # noqa: E402
+from local_server import NoAnswer, serving  # noqa: E402
 
 from imagenet_train.datasets.convert import ShardOptions  # noqa: E402
 from imagenet_train.datasets.convert import convert as make_shards  # noqa: E402
@@ -103,30 +103,13 @@ def s3_server(work: Path) -> Iterator[dict[str, str]]:
     moto = Path(sys.executable).with_name("moto_server")
     if not moto.exists():
         raise ImagenetTrainError(f"{moto}: moto's server is missing; install the dev extra (make venv)")
-    log = (work / "moto.log").open("wb")
-    server = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
-    try:
-        wait_for(endpoint)
-        # AWS_ENDPOINT_URL: boto3 (ours, LitData); S3_ENDPOINT_URL: MosaicML.
-        yield {**S3_KEYS, "AWS_ENDPOINT_URL": endpoint, "S3_ENDPOINT_URL": endpoint}
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
-
-
-def wait_for(endpoint: str, patience: float = 120) -> None:
-    deadline = time.time() + patience
-    while True:
+    with (work / "moto.log").open("wb") as log:
         try:
-            urllib.request.urlopen(endpoint, timeout=5).close()
-            return
-        except urllib.error.HTTPError:
-            return  # it answers
-        except OSError as error:
-            if time.time() > deadline:
-                raise ImagenetTrainError(f"{endpoint}: moto's S3 server did not answer in {patience:.0f} s") from error
-            time.sleep(0.5)
+            with serving([str(moto), "-H", "127.0.0.1", "-p", str(port)], endpoint, 120, log):
+                # AWS_ENDPOINT_URL: boto3 (ours, LitData); S3_ENDPOINT_URL: MosaicML.
+                yield {**S3_KEYS, "AWS_ENDPOINT_URL": endpoint, "S3_ENDPOINT_URL": endpoint}
+        except NoAnswer as error:
+            raise ImagenetTrainError(f"{endpoint}: moto's S3 server did not answer ({error})") from None
 
 
 def upload(data: Path, environment: dict[str, str]) -> dict[str, str]:

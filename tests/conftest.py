@@ -11,15 +11,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
-import time
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import imagebuild
 import numpy as np
 import pytest
+from local_server import serving
 from PIL import Image
 
 from imagenet_train.datasets.convert import ShardOptions, convert
@@ -80,6 +80,37 @@ def write_image_folder(root: Path, classes: dict[str, int], val: dict[str, int] 
                 (folder / name).write_bytes(data)
                 files[f"{split}/{wnid}/{name}"] = data
     return files
+
+
+def write_shard(path: Path, samples: Mapping[str, Mapping[str, bytes]]) -> int:
+    """A WebDataset shard at `path`: each sample's members as KEY.EXT, in order; returns its size in bytes."""
+    with tarfile.open(path, "w") as archive:
+        for key, members in samples.items():
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return path.stat().st_size
+
+
+def labelled_jpegs(labels: Sequence[bytes], key: str = "{:06d}") -> dict[str, dict[str, bytes]]:
+    """Samples of one small JPEG each (jpeg_bytes of its position) with the .cls of `labels`, keyed `key`.format(n)."""
+    return {key.format(number): {"jpg": jpeg_bytes(number), "cls": label} for number, label in enumerate(labels)}
+
+
+def write_index(folder: Path, shards: list[dict], padding: int = 0) -> Path:
+    """An imagenet-train index, folder/shards.json, listing `shards` as its train split (and `padding` trailing
+    spaces)."""
+    document = {
+        "__kind__": "wids-shard-index-v1",
+        "splits": {"train": {"shardlist": shards, "nsamples": sum(s.get("nsamples", 0) for s in shards)}},
+        "classes": ["a", "b"],
+    }
+    path = folder / "shards.json"
+    with open(path, "w") as stream:
+        json.dump(document, stream)
+        stream.write(" " * padding)
+    return path
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own tmp_path set-up reads --basetemp
@@ -252,31 +283,19 @@ def gcs_emulator(bucket: str, host: str = "127.0.0.1") -> Iterator[str]:
 
 @contextlib.contextmanager
 def local_service(command: list[str], probe_url: str, environment: dict[str, str]) -> Iterator[None]:
-    """Run a real server process (an emulator) on loopback until `probe_url` answers, with `environment` set
-    for the test; stop it and restore the environment afterwards."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(probe_url, timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                pytest.fail(f"{Path(command[0]).name} did not start")
-            time.sleep(0.1)
+    """Run a real server process (an emulator) on loopback until `probe_url` answers (tools/local_server.py), with
+    `environment` set for the test; stop it and restore the environment afterwards."""
     previous = {key: os.environ.get(key) for key in environment}
-    os.environ.update(environment)
-    try:
-        yield
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with serving(command, probe_url, 30):
+        os.environ.update(environment)
+        try:
+            yield
+        finally:
+            for key, value in previous.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def refusal(call) -> str:

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+from local_server import NoAnswer, serving
+
 from imagenet_train.datasets.convert import ShardOptions, convert
 from imagenet_train.datasets.digits import write_digits
 from imagenet_train.ops.serve import NginxServer, free_port
@@ -53,24 +55,6 @@ def adjacent_ports() -> int:
     raise SystemExit("no two adjacent free ports on 127.0.0.1")
 
 
-def wait_until(ready, seconds: float, what: str) -> None:
-    """Poll `ready()` until it is true, or stop the script naming `what`."""
-    deadline = time.monotonic() + seconds
-    while not ready():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"dashboard_png: {what} did not happen within {seconds:.0f} s")
-        time.sleep(0.5)
-
-
-def answers(url: str) -> bool:
-    """Whether `url` answers 200."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def prometheus(work: Path, metrics_port: int) -> Iterator[str]:
     """Prometheus on 127.0.0.1 scraping both ranks' ports every second; yields its URL."""
@@ -85,15 +69,13 @@ def prometheus(work: Path, metrics_port: int) -> Iterator[str]:
     (work / "prometheus.yml").write_text(json.dumps(config))
     web = free_port()
     command = [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}"]
+    url = f"http://127.0.0.1:{web}"
     with (work / "prometheus.log").open("w") as log:
-        process = subprocess.Popen([*command, f"--web.listen-address=127.0.0.1:{web}"], stdout=log, stderr=log)
         try:
-            url = f"http://127.0.0.1:{web}"
-            wait_until(lambda: answers(f"{url}/-/ready"), 60, "prometheus ready")
-            yield url
-        finally:
-            process.terminate()
-            process.wait(30)
+            with serving([*command, f"--web.listen-address=127.0.0.1:{web}"], f"{url}/-/ready", 60, log):
+                yield url
+        except NoAnswer as error:
+            raise SystemExit(f"dashboard_png: prometheus not ready: {error}") from None
 
 
 def train(work: Path, server: NginxServer, metrics_port: int, options: argparse.Namespace) -> tuple[float, float]:

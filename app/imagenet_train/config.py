@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,7 +33,7 @@ from imagenet_train.choices import (
     WarmupMethod,
     WeightsHead,
 )
-from imagenet_train.declarations import Setting, Trust, check, declared, member, setting
+from imagenet_train.declarations import Setting, Trust, check, declared, member, sections_with, setting
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.limits import (
     COLLECTIVE_TIMEOUT,
@@ -549,6 +550,11 @@ class Config:
     def sections(self) -> tuple[DataConfig, LoaderConfig, AugmentConfig, OptimConfig, RunConfig]:
         """The five sections, in the order config.json writes them."""
         return self.data, self.loader, self.augment, self.optim, self.run
+
+    def with_values(self, values: Mapping[str, Any]) -> Config:
+        """A plain (unchecked) Config of these settings and `values`, named flat (batch_size); an unknown name is one
+        line. validate() and the entry checks come after, as for any Config."""
+        return Config(**sections_with(self, values))
 
     def to_json(self) -> str:
         """Every setting, by section, as config.json, each checkpoint and the tracker's params hold it: others may

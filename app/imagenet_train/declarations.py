@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import difflib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Protocol
@@ -83,6 +83,23 @@ def did_you_mean(given: str, known: Iterable[str], quoted: bool = False) -> str:
     if not close:
         return ""
     return f"; did you mean '{close[0]}'?" if quoted else f"; did you mean {close[0]}?"
+
+
+def sections_with(whole: Dataclass, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Each section of `whole` (a dataclass of setting sections), copied with the `values` it declares, by field
+    name; a name that no section declares is refused in one line."""
+    sections = {f.name: getattr(whole, f.name) for f in dataclasses.fields(whole)}
+    owner = {d.name: key for key, section in sections.items() for d, _ in declared(section)}
+    unknown = next((name for name in values if name not in owner), None)
+    if unknown is not None:
+        raise ImagenetTrainError(
+            f"setting '{clip(unknown)}': no section declares it; expected a `train` option name with underscores"
+            + did_you_mean(unknown, owner, quoted=True)
+        )
+    return {
+        key: dataclasses.replace(section, **{n: v for n, v in values.items() if owner[n] == key})
+        for key, section in sections.items()
+    }
 
 
 def canonical_names(sections: tuple[type, ...]) -> dict[str, str]:

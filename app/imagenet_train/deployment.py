@@ -22,7 +22,7 @@ from imagenet_train.config import Config
 from imagenet_train.config_files import command_line_only, settings_from
 from imagenet_train.declarations import flag
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.launchers.kinds import ChartLauncher, LauncherKind, chart_kind, chart_launchers
+from imagenet_train.launchers.kinds import ChartLauncher, chart_kind, chart_launchers
 
 
 class ShardServer(str, Enum):
@@ -255,9 +255,6 @@ def read_deployment(document: Mapping[str, Any]) -> Deployment:
     )
 
 
-# Kubeflow Trainer v2.3's torch plugin sets these in the trainer container; its webhook refuses a TrainJob whose
-# spec.trainer.env names one (pkg/runtime/framework/plugins/torch/torch.go Validate).
-TRAINER_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 
@@ -282,12 +279,12 @@ def admission_problems(values: Mapping[str, Any], name: str) -> list[str]:
             f"{where}: the JobSet webhook refuses {name[:80]!r}: JobSet name is too long, pod names generated for "
             f"this JobSet will exceed 63 characters ({len(pod)} in the last pod's)"
         )
-    if launcher["kind"] == LauncherKind.TRAINJOB:
-        reserved = sorted({str(e.get("name")) for e in values.get("env") or []} & set(TRAINER_RESERVED_ENV))
+    kept = chart_launcher(values).reserved_env
+    if kept:
+        reserved = sorted({str(e.get("name")) for e in values.get("env") or []} & set(kept.names))
         if reserved:
             errors.append(
-                f"env: the Trainer webhook refuses the TrainJob: spec.trainer.env must not have reserved envs, "
-                f"invalid envs configured: [{' '.join(reserved)}] (Kubeflow Trainer sets them)"
+                f"env: {kept.refusal}, invalid envs configured: [{' '.join(reserved)}] ({kept.setter} sets them)"
             )
     return errors
 

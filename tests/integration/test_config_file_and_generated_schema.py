@@ -130,11 +130,7 @@ def test_a_stale_settings_page_is_reported_and_regenerated_with_every_setting(tm
 def test_settings_as_flags_parse_back_to_the_same_config():
     chosen = {"lr": 0.25, "hflip": False, "channels_last": True, "mode": "queue", "epochs": 3, "arch": "resnet18"}
     cfg = config_of("--shards", "x", *settings_flags(chosen))
-    expected = config_of("--shards", "x")
-    for section in expected.sections():
-        for name, value in chosen.items():
-            if hasattr(section, name):
-                object.__setattr__(section, name, value)
+    expected = config_of("--shards", "x").with_values(chosen)
     assert dataclasses.asdict(cfg) == dataclasses.asdict(expected)
 
 

@@ -4,11 +4,9 @@ a run (or a resampled stream that never ends) where every sample is skipped as c
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
-import tarfile
 from functools import partial
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.loading.presets import DecodeThen, ValPreset, decode_rgb
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 
-from conftest import SMALL_TRAIN, jpeg_bytes
+from conftest import SMALL_TRAIN, jpeg_bytes, write_shard
 
 ensure_torchvision()
 from torchvision.transforms import v2  # noqa: E402
@@ -28,12 +26,7 @@ DRIVER = Path(__file__).with_name("augment_fault_driver.py")
 
 
 def _shard(path: Path, images: dict[str, bytes]) -> str:
-    with tarfile.open(path, "w") as archive:
-        for key, data in images.items():
-            for suffix, payload in ((".jpg", data), (".cls", b"1")):
-                info = tarfile.TarInfo(key + suffix)
-                info.size = len(payload)
-                archive.addfile(info, io.BytesIO(payload))
+    write_shard(path, {key: {"jpg": data, "cls": b"1"} for key, data in images.items()})
     return str(path)
 
 

@@ -1,12 +1,10 @@
 """Loaders, driven one virtual rank at a time: exact epochs, resampled lengths, corrupt samples."""
 
 import hashlib
-import io
 import os
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,7 +18,7 @@ from imagenet_train.loading.stages import ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 from imagenet_train.planning import plan
 
-from conftest import as_pid_1, jpeg_bytes, needs_pid_namespace
+from conftest import as_pid_1, jpeg_bytes, needs_pid_namespace, write_shard
 
 
 def stream(urls, rank=0, world=1, batch=16, resampled=False, **kw):
@@ -85,27 +83,18 @@ def test_batches_hold_uint8_images_labels_and_keys(digit_shards):
     assert len(keys) == 8 and all(isinstance(k, str) for k in keys)
 
 
-def _shard(path, samples):
-    with tarfile.open(path, "w") as archive:
-        for key, fields in samples.items():
-            for ext, data in fields.items():
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
-
-
 def test_corrupt_samples_are_skipped_and_counted_not_fatal(tmp_path):
     samples = {f"s{i}": {"jpg": jpeg_bytes(i), "cls": b"1"} for i in range(6)}
     samples["s2"]["jpg"] = b"\xff\xd8\xff garbage"
     del samples["s4"]["cls"]
-    _shard(tmp_path / "a.tar", samples)
+    write_shard(tmp_path / "a.tar", samples)
     loader = EpochLoader(stream([str(tmp_path / "a.tar")], batch=4), workers=1)
     assert sorted(keys_of(loader)) == ["s0", "s1", "s3", "s5"]
     assert loader.corrupt_samples == 2
 
 
 def test_resampled_stream_over_empty_shards_fails_instead_of_spinning(tmp_path):
-    _shard(tmp_path / "empty.tar", {})
+    write_shard(tmp_path / "empty.tar", {})
     loader = EpochLoader(stream([str(tmp_path / "empty.tar")], resampled=True), workers=0, batches=3)
     with pytest.raises(ImagenetTrainError, match="held no samples"):
         list(loader)
@@ -113,7 +102,7 @@ def test_resampled_stream_over_empty_shards_fails_instead_of_spinning(tmp_path):
 
 def _cut_shard(tmp_path) -> str:
     samples = {f"s{i}": {"jpg": jpeg_bytes(i), "cls": b"0"} for i in range(4)}
-    _shard(tmp_path / "a.tar", samples)
+    write_shard(tmp_path / "a.tar", samples)
     data = (tmp_path / "a.tar").read_bytes()
     (tmp_path / "cut.tar").write_bytes(data[: len(data) // 2 + 100])
     return str(tmp_path / "cut.tar")
@@ -142,7 +131,7 @@ def test_a_truncated_shard_is_an_error_naming_it_when_damage_must_stop_the_run(t
 def _failing_pipe(tmp_path) -> str:
     """A pipe: command that writes half of a four-sample shard, then fails."""
     samples = {f"s{i}": {"jpg": jpeg_bytes(i), "cls": b"0"} for i in range(4)}
-    _shard(tmp_path / "a.tar", samples)
+    write_shard(tmp_path / "a.tar", samples)
     half = (tmp_path / "a.tar").stat().st_size // 2
     return f"pipe:head -c {half} {tmp_path / 'a.tar'}; exit 3"
 

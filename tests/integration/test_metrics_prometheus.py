@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from local_server import serving
 
 from conftest import REPO, SMALL_TRAIN
 
@@ -74,35 +75,15 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
             }
         )
     )
-    log = (tmp_path / "prometheus.log").open("w")
-    process = subprocess.Popen(
-        [
-            str(PROMETHEUS),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{web_port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    command = [
+        str(PROMETHEUS),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{web_port}",
+    ]
     url = f"http://127.0.0.1:{web_port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            assert process.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "prometheus did not become ready"
-            time.sleep(0.5)
+    with (tmp_path / "prometheus.log").open("w") as log, serving(command, f"{url}/-/ready", 60, log):
         yield url, metrics_port
-    finally:
-        process.terminate()
-        process.wait(30)
-        log.close()
 
 
 def ranks_answering(url: str, query: str) -> dict[str, float]:

@@ -3,12 +3,9 @@ and the rank's /metrics reports the retries and the seconds it waited (io/outage
 
 from __future__ import annotations
 
-import io
-import tarfile
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,18 +16,9 @@ from imagenet_train.ops.serve import NginxServer, free_port
 from imagenet_train.training.dist import DistInfo
 from imagenet_train.training.metrics import RunMetrics
 
-from conftest import jpeg_bytes
+from conftest import labelled_jpegs, write_shard
 
 DOWN_S = 2.0
-
-
-def _shard(path: Path, count: int) -> None:
-    with tarfile.open(path, "w") as archive:
-        for index in range(count):
-            for suffix, payload in ((".jpg", jpeg_bytes(index)), (".cls", b"1")):
-                info = tarfile.TarInfo(f"s{index}{suffix}")
-                info.size = len(payload)
-                archive.addfile(info, io.BytesIO(payload))
 
 
 def _up_again(server: NginxServer, loader: EpochLoader) -> None:
@@ -45,7 +33,7 @@ def _up_again(server: NginxServer, loader: EpochLoader) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_workers_wait_for_a_stopped_nginx_shows_in_the_ranks_metrics_as_retries_and_seconds(tmp_path):
-    _shard(tmp_path / "a.tar", 8)
+    write_shard(tmp_path / "a.tar", labelled_jpegs([b"1"] * 8, key="s{}"))
     server = NginxServer(str(tmp_path), port=free_port())
     server.start()
     server.stop()  # gone when the worker first asks for the shard

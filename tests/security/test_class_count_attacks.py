@@ -15,15 +15,15 @@ from imagenet_train.datasets import source as shard_index
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.limits import MAX_CLASSES
 
-from .test_index_attacks import TINY_TRAIN, refused, write_index, write_shard
-from conftest import cli
+from .test_index_attacks import TINY_TRAIN, refused, two_sample_shard
+from conftest import cli, write_index
 
 MANY = 150_000
 
 
 def with_classes(folder: Path, count: int) -> Path:
     """A valid index in `folder` (one real shard) whose classes list `count` names."""
-    size = write_shard(folder / "x.tar")
+    size = two_sample_shard(folder / "x.tar")
     path = write_index(folder, [{"url": "x.tar", "nsamples": 2, "filesize": size}])
     document = json.loads(path.read_text())
     document["classes"] = [f"n{number:08d}" for number in range(count)]

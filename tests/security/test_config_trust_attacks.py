@@ -23,8 +23,8 @@ from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.redact import MARK
 from imagenet_train.training.models import architecture
 
-from .test_index_attacks import TINY_TRAIN, write_index, write_shard
-from conftest import REPO, cli
+from .test_index_attacks import TINY_TRAIN, two_sample_shard
+from conftest import REPO, cli, write_index
 
 CHART = REPO / "helm" / "imagenet-train"
 
@@ -55,7 +55,7 @@ def downloaded_run(folder: Path, **data: object) -> Path:
 
 def test_evaluate_with_a_downloaded_runs_config_never_runs_its_pipe_val_urls(tmp_path, marker):
     shard = tmp_path / "val-000000.tar"
-    write_shard(shard)
+    two_sample_shard(shard)
     run = downloaded_run(
         tmp_path / "downloaded",
         train_urls=str(shard),
@@ -69,7 +69,7 @@ def test_evaluate_with_a_downloaded_runs_config_never_runs_its_pipe_val_urls(tmp
 
 def test_train_with_trust_index_from_a_config_file_runs_nothing_the_index_names(tmp_path, marker):
     shard = tmp_path / "real.tar"
-    write_shard(shard)
+    two_sample_shard(shard)
     index = write_index(tmp_path, [{"url": f"pipe:touch {marker}; cat {shard}", "nsamples": 2}])
     config = tmp_path / "downloaded.yaml"
     config.write_text(yaml.safe_dump({"shards": str(index), "trust_index": True}))

@@ -11,7 +11,6 @@ import io
 import json
 import multiprocessing
 import os
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from PIL import EpsImagePlugin, Image
 from imagenet_train.loading.presets import TrainPreset, ValPreset
 from imagenet_train.loading.stages import DamageCounters, decoded, read_shards
 
-from conftest import cli, jpeg_bytes, write_image_folder
+from conftest import cli, jpeg_bytes, write_image_folder, write_shard
 
 EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 16 16\nnewpath 0 0 moveto 16 16 lineto stroke\nshowpage\n%%EOF\n"
 
@@ -50,12 +49,7 @@ def hostile_images() -> dict[str, bytes]:
 def test_a_non_jpeg_shard_member_is_a_corrupt_sample_and_ghostscript_never_runs(decoder, tmp_path, ghostscript_trap):
     shard = tmp_path / "x.tar"
     members = {"good0": jpeg_bytes(0), **hostile_images(), "good1": jpeg_bytes(3)}
-    with tarfile.open(shard, "w") as archive:
-        for key, data in members.items():
-            for suffix, payload in ((".jpg", data), (".cls", b"0")):
-                info = tarfile.TarInfo(key + suffix)
-                info.size = len(payload)
-                archive.addfile(info, io.BytesIO(payload))
+    write_shard(shard, {key: {"jpg": data, "cls": b"0"} for key, data in members.items()})
     transform = ValPreset(16).build() if decoder == "val" else TrainPreset(16, decoder=decoder).build()
     counters = DamageCounters(multiprocessing.get_context("spawn"))
     kept = [key for _, _, key in decoded(read_shards([str(shard)]), transform, counters)]

@@ -7,16 +7,14 @@ the entry.
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from imagenet_train.io import gcs
 
-from conftest import cli, gcs_emulator, jpeg_bytes
+from conftest import cli, gcs_emulator, labelled_jpegs, write_index, write_shard
 
 TINY_TRAIN = [
     *("--arch", "resnet18", "--image-size", "32", "--val-resize", "32", "--val-crop-size", "32"),
@@ -26,29 +24,9 @@ TINY_TRAIN = [
 BUCKET = "imagenet-train-attacks"
 
 
-def write_shard(path: Path, samples: int = 2) -> int:
-    """A real WebDataset shard of `samples` (jpg, cls) pairs; returns its size in bytes."""
-    with tarfile.open(path, "w") as archive:
-        for number in range(samples):
-            for suffix, data in ((".jpg", jpeg_bytes(number)), (".cls", b"0")):
-                info = tarfile.TarInfo(f"{number:06d}{suffix}")
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
-    return path.stat().st_size
-
-
-def write_index(folder: Path, shards: list[dict], padding: int = 0) -> Path:
-    """An imagenet-train index listing `shards` as its train split (and `padding` trailing spaces)."""
-    document = {
-        "__kind__": "wids-shard-index-v1",
-        "splits": {"train": {"shardlist": shards, "nsamples": sum(s.get("nsamples", 0) for s in shards)}},
-        "classes": ["a", "b"],
-    }
-    path = folder / "shards.json"
-    with open(path, "w") as stream:
-        json.dump(document, stream)
-        stream.write(" " * padding)
-    return path
+def two_sample_shard(path: Path) -> int:
+    """A real WebDataset shard of two (jpg, cls) pairs; returns its size in bytes."""
+    return write_shard(path, labelled_jpegs([b"0", b"0"]))
 
 
 def refused(result, index: str, *expected: str) -> str:
@@ -73,7 +51,7 @@ def run_command(command: str, index: str, tmp_path: Path, *extra: str):
 
 @pytest.mark.parametrize("command", ["probe", "plan", "train"])
 def test_index_with_pipe_url_is_refused(command, hostile_dir, hostile_server, marker, tmp_path):
-    size = write_shard(hostile_dir / "x.tar")
+    size = two_sample_shard(hostile_dir / "x.tar")
     url = f"pipe:touch {marker} && cat {hostile_dir / 'x.tar'}"
     write_index(hostile_dir, [{"url": url, "nsamples": 2, "filesize": size}])
     index = f"{hostile_server.url}/shards.json"
@@ -89,7 +67,7 @@ def test_index_with_pipe_url_is_refused(command, hostile_dir, hostile_server, ma
 def test_index_naming_a_file_outside_its_folder_is_refused(name, hostile_dir, hostile_server, tmp_path):
     outside = tmp_path / "node-private"
     outside.mkdir()
-    size = write_shard(outside / "secret.tar")
+    size = two_sample_shard(outside / "secret.tar")
     write_index(hostile_dir, [{"url": name.format(outside=str(outside).strip("/")), "nsamples": 2, "filesize": size}])
     index = f"{hostile_server.url}/shards.json"
     refused(cli("probe", index), index, "split 'train' shard 0", "--trust-index")
@@ -103,7 +81,7 @@ def test_index_naming_another_host_is_refused(hostile_dir, hostile_server, shard
 
 
 def test_trust_index_lets_the_operators_own_index_name_commands_with_a_warning(hostile_dir, hostile_server, tmp_path):
-    size = write_shard(tmp_path / "mine.tar")
+    size = two_sample_shard(tmp_path / "mine.tar")
     write_index(hostile_dir, [{"url": f"pipe:cat {tmp_path / 'mine.tar'}", "nsamples": 2, "filesize": size}])
     result = cli("probe", f"{hostile_server.url}/shards.json", "--trust-index")
     assert result.returncode == 0, result.stderr
@@ -125,7 +103,7 @@ def emulator():
 
 
 def test_index_in_a_bucket_with_pipe_url_is_refused(emulator, hostile_dir, marker):
-    size = write_shard(hostile_dir / "x.tar")
+    size = two_sample_shard(hostile_dir / "x.tar")
     write_index(hostile_dir, [{"url": f"pipe:touch {marker} && cat {hostile_dir / 'x.tar'}", "nsamples": 2}])
     index = f"gs://{BUCKET}/hostile/shards.json"
     gcs.upload(str(hostile_dir / "shards.json"), index)
@@ -137,7 +115,7 @@ def test_index_in_a_bucket_with_pipe_url_is_refused(emulator, hostile_dir, marke
 
 
 def test_index_larger_than_the_cap_is_refused_without_reading_it_all(hostile_dir, hostile_server):
-    size = write_shard(hostile_dir / "x.tar")
+    size = two_sample_shard(hostile_dir / "x.tar")
     write_index(hostile_dir, [{"url": "x.tar", "nsamples": 2, "filesize": size}], padding=(64 << 20) + 1)
     index = f"{hostile_server.url}/shards.json"
     refused(cli("probe", index), index, f"more than {64 << 20} bytes")
@@ -145,21 +123,21 @@ def test_index_larger_than_the_cap_is_refused_without_reading_it_all(hostile_dir
 
 @pytest.mark.parametrize("command", ["plan", "train"])
 def test_index_claiming_more_samples_than_its_shard_can_hold_is_refused(command, hostile_dir, hostile_server, tmp_path):
-    size = write_shard(hostile_dir / "x.tar")  # about 20 KB
+    size = two_sample_shard(hostile_dir / "x.tar")  # about 20 KB
     write_index(hostile_dir, [{"url": "x.tar", "nsamples": 10**12, "filesize": size}])
     index = f"{hostile_server.url}/shards.json"
     refused(run_command(command, index, tmp_path), index, "split 'train' shard 0", f"{10**12} samples cannot fit")
 
 
 def test_index_claiming_absurd_samples_without_a_filesize_is_refused(hostile_dir, hostile_server, tmp_path):
-    write_shard(hostile_dir / "x.tar")
+    two_sample_shard(hostile_dir / "x.tar")
     write_index(hostile_dir, [{"url": "x.tar", "nsamples": 10**12}])
     index = f"{hostile_server.url}/shards.json"
     refused(run_command("train", index, tmp_path), index, "split 'train' shard 0", "nsamples: expected")
 
 
 def test_plan_simulate_stops_at_a_shard_holding_fewer_samples_than_claimed(hostile_dir, hostile_server, tmp_path):
-    write_shard(hostile_dir / "x.tar")
+    two_sample_shard(hostile_dir / "x.tar")
     write_index(hostile_dir, [{"url": "x.tar", "nsamples": 1_000_000}])  # no filesize to check it against
     index = f"{hostile_server.url}/shards.json"
     result = run_command("plan", index, tmp_path)

@@ -114,3 +114,48 @@ def test_the_modules_that_read_the_table_spell_no_kind_as_a_string(module):
     words = {str(kind) for kind in LauncherKind}
     spelt = [f"{module}:{line}: {value!r}" for line, value in _string_constants(PACKAGE / module) if value in words]
     assert not spelt, "use the LauncherKind member:\n" + "\n".join(spelt)
+
+
+def _kind_comparisons(path: Path) -> list[str]:
+    """Each comparison in a module with a LauncherKind member on either side (alone or in a tuple, list or set)."""
+
+    def names_a_kind(node: ast.expr) -> bool:
+        parts = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+        return any(isinstance(p, ast.Attribute) and getattr(p.value, "id", "") == "LauncherKind" for p in parts)
+
+    tree = ast.parse(path.read_text())
+    compares = [node for node in ast.walk(tree) if isinstance(node, ast.Compare)]
+    return [f"line {c.lineno}" for c in compares if any(map(names_a_kind, [c.left, *c.comparators]))]
+
+
+def test_no_code_outside_the_table_branches_on_a_kind():
+    branching = [
+        f"{path.relative_to(PACKAGE)}: {where}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "launchers" / "kinds.py"
+        for where in _kind_comparisons(path)
+    ]
+    assert not branching, "put what differs by kind in launchers/kinds.py's KINDS:\n" + "\n".join(branching)
+
+
+@pytest.mark.parametrize("kind", list(chart_launchers()), ids=str)
+def test_only_the_trainjob_refuses_the_variables_its_operator_sets_in_the_charts_env(kind):
+    document = chart_document(str(kind)) | {"env": [{"name": "PET_NNODES", "value": "2"}, {"name": "X", "value": "1"}]}
+    refused = [message for message in problems(document) if message.startswith("env: ")]
+    expected = [
+        "env: the Trainer webhook refuses the TrainJob: spec.trainer.env must not have reserved envs, "
+        "invalid envs configured: [PET_NNODES] (Kubeflow Trainer sets them)"
+    ]
+    assert refused == (expected if kind == LauncherKind.TRAINJOB else [])
+
+
+def test_an_indexed_pod_without_master_addr_takes_pod_zero_from_its_jobset_or_is_refused_naming_its_kind():
+    jobset = ENVIRONMENTS[LauncherKind.JOBSET]
+    launched = resolve(jobset, None)
+    assert launched.kind == LauncherKind.JOBSET and "--master_addr=j-node-0-0.j" in launched.torchrun
+    unnamed = {k: v for k, v in jobset.items() if k != "REPLICATED_JOB_NAME"}
+    with pytest.raises(ImagenetTrainError, match="^launch: jobset environment without MASTER_ADDR"):
+        resolve(unnamed, None)
+    indexed = {k: v for k, v in ENVIRONMENTS[LauncherKind.INDEXEDJOB].items() if k != "MASTER_ADDR"}
+    with pytest.raises(ImagenetTrainError, match="^launch: indexedjob environment without MASTER_ADDR"):
+        resolve(indexed, None)

@@ -1,8 +1,6 @@
 """The planner's verdicts: its per-rank batches equal what the real loaders give (simulated in this process),
 and the classic failure cases are flagged before launch. The `plan` command itself: test_plan_command.py."""
 
-import io
-import tarfile
 from collections import Counter
 
 import pytest
@@ -16,17 +14,15 @@ from imagenet_train.planning import plan
 from imagenet_train.planning.plan_table import format_assessment
 from imagenet_train.planning.queue_claims import equal_pace_claims, queue_first_shard
 
+from conftest import write_shard
+
 
 def write_shards(folder, sizes) -> list[str]:
     """Tiny shards of `sizes` samples each (keys only matter: the simulation does not decode)."""
     urls = []
     for number, size in enumerate(sizes):
         path = folder / f"s-{number:04d}.tar"
-        with tarfile.open(path, "w") as archive:
-            for i in range(size):
-                info = tarfile.TarInfo(f"k{number:04d}_{i:04d}.cls")
-                info.size = 1
-                archive.addfile(info, io.BytesIO(b"0"))
+        write_shard(path, {f"k{number:04d}_{i:04d}": {"cls": b"0"} for i in range(size)})
         urls.append(str(path))
     return urls
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagenet_train.commands import Command, one_shot_io_timeout
-from imagenet_train.config import declaration
+from imagenet_train.config import defaults
 from imagenet_train.declarations import option, positional
 
 # The training settings evaluate takes, with their flags as `train` declares them: where the val shards are
@@ -69,13 +69,9 @@ def _config_from(args: argparse.Namespace):
 
     given = vars(args)
     chosen = load_settings(args.config_file, given) if args.config_file else {}
-    cfg = Config()
-    for section in cfg.sections():
-        for name in SETTINGS:
-            if hasattr(section, name):
-                setattr(section, name, given.get(name, chosen.get(name, declaration(name)[0].default)))
-    cfg.loader.io_timeout = args.io_timeout
-    return runnable(cfg)
+    default = defaults()
+    taken = {name: given.get(name, chosen.get(name, default[name])) for name in SETTINGS}
+    return runnable(Config().with_values({**taken, "io_timeout": args.io_timeout}))
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -39,17 +39,14 @@ def _groups() -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def _config_from(args: argparse.Namespace):
     """Defaults, then the `--config` file's settings, then the flags given."""
-    from imagenet_train.config import Config
+    from imagenet_train.config import Config, defaults
     from imagenet_train.config_files import load_settings
 
     given = vars(args)
     chosen = load_settings(given["config_file"], given) if given.get("config_file") else {}
-    cfg = Config()
-    for section in cfg.sections():
-        for declaration, _ in declared(section):
-            name = declaration.name
-            setattr(section, name, given.get(name, chosen.get(name, declaration.default)))
-    return cfg
+    return Config().with_values(
+        {name: given.get(name, chosen.get(name, default)) for name, default in defaults().items()}
+    )
 
 
 def train_config(options: list[str]):

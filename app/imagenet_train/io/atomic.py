@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from imagenet_train.errors import ImagenetTrainError
-from imagenet_train.io.owned import ours, owned_folder
+from imagenet_train.io.owned import ours, owned_folder, refusal
 
 
 def free_space(folder: str | os.PathLike) -> str:
@@ -120,7 +120,11 @@ def appending(path: str | os.PathLike, mode: int = 0o600) -> IO[str]:
 
 def own_folder(path: str | os.PathLike, what: str) -> int:
     """A descriptor of the folder `path` (made if absent): a directory of this user that no one else may write to,
-    opened without following a link; anything else is one error line naming `what` and the path."""
+    opened without following a link; anything else is one error line naming `what` and the path.
+
+    Not io/owned.py's `owned_folder`, which checks a path and follows a link this user made: this one is for a folder
+    inside a directory that may come from elsewhere, so it refuses any link in the folder's place and hands back the
+    descriptor it checked, for `replace_in` to write through. Both judge the folder by `ours` and refuse alike."""
     path = os.fspath(path)
     try:
         with contextlib.suppress(FileExistsError):
@@ -133,11 +137,7 @@ def own_folder(path: str | os.PathLike, what: str) -> int:
     if stat.S_ISDIR(info.st_mode) and ours(info):
         return handle
     os.close(handle)
-    owner = "" if info.st_uid == os.geteuid() else f"owned by uid {info.st_uid}, "
-    raise ImagenetTrainError(
-        f"{what} {path}: {owner}mode {stat.filemode(info.st_mode)}; expected a directory of this user that no one "
-        "else may write to (another user could put links in it), refused"
-    )
+    raise refusal(f"{what} {path}", info, "another user could put links in it")
 
 
 def replace_in(folder: int, name: str, data: bytes) -> None:

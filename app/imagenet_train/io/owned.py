@@ -54,7 +54,9 @@ def refusal(what: str, info: os.stat_result, why: str) -> ImagenetTrainError:
 
 def owned_folder(path: str | os.PathLike, what: str = "", why: str = "another user could plant links in it") -> Path:
     """`path`, made (0700) when absent, when it is a directory of this user that no one else may write to; else
-    one error line starting with `what` (the path by default)."""
+    one error line starting with `what` (the path by default). A path check for folders this process names itself
+    (a link this user made is followed); io/atomic.py's `own_folder` is the descriptor check for a folder inside a
+    directory that may come from elsewhere, where no link is followed."""
     what = what or os.fspath(path)
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)

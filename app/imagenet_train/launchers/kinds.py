@@ -55,15 +55,27 @@ class TorchrunLaunch:
 
 
 @dataclass(frozen=True)
+class ReservedEnv:
+    """Variables a kind's operator sets in the training container, whose admission webhook refuses a workload whose
+    env names one: the names, how the refusal begins, and who sets them."""
+
+    names: tuple[str, ...]
+    refusal: str
+    setter: str
+
+
+@dataclass(frozen=True)
 class ChartLauncher:
     """What the chart's deployment needs of a kind its launcher.kind names.
 
     master: pod 0's stable hostname from the workload's name, for a kind without an operator that sets torchrun's
     rendezvous (`launch` then reads the deployment's NNODES/MASTER_ADDR); None where the operator sets it.
-    jobset_named: JobSet names its pods (a TrainJob becomes a JobSet), and its webhook bounds the name's length."""
+    jobset_named: JobSet names its pods (a TrainJob becomes a JobSet), and its webhook bounds the name's length.
+    reserved_env: what its operator sets in the container and its webhook refuses in the chart's env; None: nothing."""
 
     master: Callable[[str], str] | None = None
     jobset_named: bool = False
+    reserved_env: ReservedEnv | None = None
 
 
 @dataclass(frozen=True)
@@ -172,22 +184,27 @@ def _kubeflow(kind: LauncherKind) -> Callable[[Mapping[str, str], str | None], T
     return resolve
 
 
-def _indexed(env: Mapping[str, str], nproc: str | None) -> TorchrunLaunch:
-    """JobSet and Indexed Job: a pod's completion index is its node rank; pod 0's hostname the address."""
-    per_node = nproc or env.get("NPROC_PER_NODE") or "1"
-    index = env["JOB_COMPLETION_INDEX"]
-    if "JOBSET_NAME" in env:
-        jobset, replicated = env["JOBSET_NAME"], env.get("REPLICATED_JOB_NAME", "")
-        # JobSet pods are <jobset>-<replicatedJob>-<jobIndex>-<podIndex> under the subdomain <jobset>.
-        default_addr = f"{jobset}-{replicated}-0-0.{jobset}" if replicated else ""
-        addr, kind = env.get("MASTER_ADDR") or default_addr, LauncherKind.JOBSET
-    else:
-        addr, kind = env.get("MASTER_ADDR", ""), LauncherKind.INDEXEDJOB
-    if not addr:
-        raise ImagenetTrainError(f"launch: {kind} environment without MASTER_ADDR (pod 0's hostname)")
-    return TorchrunLaunch(
-        kind, static(_int(env, "NNODES", kind), index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT))
-    )
+def _jobset_master(env: Mapping[str, str]) -> str:
+    """JobSet pods are <jobset>-<replicatedJob>-<jobIndex>-<podIndex> under the subdomain <jobset>: pod 0's name."""
+    jobset, replicated = env["JOBSET_NAME"], env.get("REPLICATED_JOB_NAME", "")
+    return f"{jobset}-{replicated}-0-0.{jobset}" if replicated else ""
+
+
+def _indexed(
+    kind: LauncherKind, master: Callable[[Mapping[str, str]], str] = lambda env: ""
+) -> Callable[[Mapping[str, str], str | None], TorchrunLaunch]:
+    """JobSet and Indexed Job: a pod's completion index is its node rank; pod 0's hostname the address (MASTER_ADDR,
+    else what `master` makes of the environment)."""
+
+    def resolve(env: Mapping[str, str], nproc: str | None) -> TorchrunLaunch:
+        per_node = nproc or env.get("NPROC_PER_NODE") or "1"
+        addr = env.get("MASTER_ADDR") or master(env)
+        if not addr:
+            raise ImagenetTrainError(f"launch: {kind} environment without MASTER_ADDR (pod 0's hostname)")
+        nnodes, index = _int(env, "NNODES", kind), env["JOB_COMPLETION_INDEX"]
+        return TorchrunLaunch(kind, static(nnodes, index, per_node, addr, env.get("MASTER_PORT", DEFAULT_PORT)))
+
+    return resolve
 
 
 def _slurm(env: Mapping[str, str], nproc: str | None) -> TorchrunLaunch:
@@ -223,6 +240,14 @@ def _trainjob(env: Mapping[str, str]) -> bool:
     return _pet(env) and "PET_MASTER_ADDR" in env and "MASTER_ADDR" not in env
 
 
+# Kubeflow Trainer v2.3's torch plugin sets these in the trainer container; its webhook refuses a TrainJob whose
+# spec.trainer.env names one (pkg/runtime/framework/plugins/torch/torch.go Validate).
+TRAINER_RESERVED_ENV = ReservedEnv(
+    ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
+    "the Trainer webhook refuses the TrainJob: spec.trainer.env must not have reserved envs",
+    "Kubeflow Trainer",
+)
+
 # One entry per LauncherKind. `launch` takes the first whose environment matches, in this order (standalone matches
 # any environment); the kinds without one are started by their own command and never reach `launch`.
 KINDS: dict[LauncherKind, KindEntry] = {
@@ -237,7 +262,7 @@ KINDS: dict[LauncherKind, KindEntry] = {
     LauncherKind.TRAINJOB: KindEntry(
         "Kubeflow Trainer v2 (the chart's TrainJob)",
         Environment(_trainjob, _kubeflow(LauncherKind.TRAINJOB)),
-        ChartLauncher(jobset_named=True),
+        ChartLauncher(jobset_named=True, reserved_env=TRAINER_RESERVED_ENV),
     ),
     LauncherKind.PYTORCHJOB: KindEntry(
         "the Kubeflow Training Operator (the chart's PyTorchJob)",
@@ -246,12 +271,15 @@ KINDS: dict[LauncherKind, KindEntry] = {
     ),
     LauncherKind.JOBSET: KindEntry(
         "the JobSet controller (the chart's JobSet)",
-        Environment(lambda env: "JOB_COMPLETION_INDEX" in env and "JOBSET_NAME" in env, _indexed),
+        Environment(
+            lambda env: "JOB_COMPLETION_INDEX" in env and "JOBSET_NAME" in env,
+            _indexed(LauncherKind.JOBSET, _jobset_master),
+        ),
         ChartLauncher(master=lambda name: f"{name}-node-0-0.{name}", jobset_named=True),
     ),
     LauncherKind.INDEXEDJOB: KindEntry(
         "Kubernetes' Job controller (the chart's Indexed Job with its headless Service)",
-        Environment(lambda env: "JOB_COMPLETION_INDEX" in env, _indexed),
+        Environment(lambda env: "JOB_COMPLETION_INDEX" in env, _indexed(LauncherKind.INDEXEDJOB)),
         ChartLauncher(master=lambda name: f"{name}-0.{name}"),
     ),
     LauncherKind.SLURM: KindEntry(
