@@ -255,9 +255,9 @@ class ResumableReader(io.RawIOBase):
         waiting.check()  # a stop, or the deadline of a whole operation (probe --wait)
         read1 = getattr(body, "read1", None)
         data = read1(size) if read1 is not None else body.read(size)
-        remaining = opened.remaining
-        if data or remaining != 0:  # the end of a body read whole is no stall, however long the reader paused
+        if data:  # an empty read is the body's end (or a close, below), never a trickle, however long the pause
             self._pace(len(data))
+        remaining = opened.remaining
         if not data and size and remaining:
             # http.client and friends report a connection closed before the promised length as a clean EOF.
             raise ConnectionError(f"connection closed with {remaining} bytes unread")
