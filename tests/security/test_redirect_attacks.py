@@ -19,8 +19,8 @@ from imagenet_train.io import storage
 from imagenet_train.io.resumable import describe
 from imagenet_train.ops.serve import free_port
 
-from .test_index_attacks import refused, write_index, write_shard
-from conftest import cli
+from .test_index_attacks import refused, two_sample_shard
+from conftest import cli, write_index
 
 
 class _Redirector(http.server.BaseHTTPRequestHandler):
@@ -69,7 +69,7 @@ def test_a_shard_redirected_to_another_origin_is_refused_naming_url_and_target(
     redirector, hostile_dir, hostile_server, tmp_path
 ):
     base, handler = redirector
-    size = write_shard(hostile_dir / "elsewhere.tar")  # the other origin's data, never named by the index
+    size = two_sample_shard(hostile_dir / "elsewhere.tar")  # the other origin's data, never named by the index
     write_index(handler.folder, [{"url": "x.tar", "nsamples": 2, "filesize": size}])
     target = f"{hostile_server.url}/elsewhere.tar"
     handler.moves["/data/x.tar"] = target
@@ -113,7 +113,7 @@ def test_a_redirect_loop_between_two_names_ends_after_the_bound(redirector):
 def test_a_redirect_within_the_folder_is_followed_for_the_index_and_its_shards(redirector):
     base, handler = redirector
     (handler.folder / "sub").mkdir()
-    size = write_shard(handler.folder / "sub" / "x.tar")
+    size = two_sample_shard(handler.folder / "sub" / "x.tar")
     write_index(handler.folder / "sub", [{"url": "x.tar", "nsamples": 2, "filesize": size}])
     handler.moves["/data/shards.json"] = "/data/sub/shards.json"  # the sub/ index lists x.tar beside itself
     handler.moves["/data/sub/x.tar"] = f"{base}/data/sub/moved.tar?v=2"  # absolute, then relative

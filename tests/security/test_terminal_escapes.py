@@ -22,8 +22,7 @@ import pytest
 from imagenet_train.loading.stages import DamageCounters, decoded, read_shards
 from imagenet_train.ops.serve import free_port
 
-from .test_index_attacks import write_index
-from conftest import cli
+from conftest import cli, write_index
 
 # Retitle the terminal (OSC 0), clear the screen (CSI 2J), go back to the line's start and overwrite it.
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x1b[H\rall is well \u202eexe"
