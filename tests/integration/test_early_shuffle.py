@@ -6,7 +6,7 @@ from collections import Counter
 
 from imagenet_train.datasets.source import resolve_source
 from imagenet_train.loading.presets import ValPreset
-from imagenet_train.loading.stages import SHUFFLE_INITIAL
+from imagenet_train.loading.stages import SHUFFLE_INITIAL, ShardReading
 from imagenet_train.loading.stream import EpochLoader, ShardStream
 
 
@@ -32,3 +32,42 @@ def test_a_growing_buffer_keeps_every_sample_once_its_order_and_an_exact_mid_epo
     assert sorted(rest) == sorted(first[300:])  # what a checkpoint after 300 samples leaves, exactly
     loader.close()
     assert keys_of(split_loader(source.train_urls, persistent=False)) == first  # a fresh loader, the same order
+
+
+class Counting:
+    """A transform that counts the images it decoded (in this process: the stream is iterated without workers)."""
+
+    def __init__(self, transform) -> None:
+        self.transform, self.calls = transform, 0
+
+    def __call__(self, data: bytes):
+        self.calls += 1
+        return self.transform(data)
+
+
+def test_a_cold_epochs_first_batch_waits_for_its_own_decoding_only_and_the_batches_are_the_same(digit_shards):
+    # Holding each batch until the next one was full made the first batch wait for two batches' decoding.
+    source = resolve_source(str(digit_shards))
+
+    def stream(transform, expected, skip_keys=frozenset()) -> ShardStream:
+        reading = ShardReading(expected=source.expected if expected else {})
+        return ShardStream(
+            urls=source.train_urls,
+            transform=transform,
+            batch_size=32,
+            resampled=False,
+            reading=reading,
+            skip_keys=skip_keys,
+        )
+
+    counting = Counting(ValPreset(16, 16).build())
+    batches = iter(stream(counting, expected=True))
+    next(batches)
+    assert counting.calls == 32
+    known = [keys for _, _, keys in stream(ValPreset(16, 16).build(), expected=True)]
+    unknown = [keys for _, _, keys in stream(ValPreset(16, 16).build(), expected=False)]
+    assert known == unknown and sum(map(len, known)) == source.train_samples
+    consumed = frozenset(key for keys in known[:5] for key in keys) | {known[-1][0]}
+    resumed = [keys for _, _, keys in stream(ValPreset(16, 16).build(), True, consumed)]
+    assert sorted(k for keys in resumed for k in keys) == sorted(k for keys in known for k in keys if k not in consumed)
+    assert min(map(len, resumed)) >= 16  # a resumed epoch's tail is still never a batch below half the batch size

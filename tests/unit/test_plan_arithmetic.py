@@ -72,6 +72,53 @@ def test_a_worker_tail_is_never_a_batch_below_half_the_batch_size(samples, batch
         assert min(len(b) for b in made) >= batch // 2
 
 
+@given(st.integers(0, 500), st.integers(2, 64))
+@settings(max_examples=300, deadline=None)
+def test_batches_known_to_be_followed_leave_at_once_and_are_the_same_batches(samples, batch):
+    from imagenet_train.loading.batching import batched
+
+    taken: list[int] = []
+
+    def counted():
+        for sample in range(samples):
+            taken.append(sample)
+            yield sample
+
+    held = list(batched(range(samples), batch, partial=True, collate_fn=list))
+    early = []
+    for made in batched(counted(), batch, partial=True, collate_fn=list, at_most=samples):
+        early.append(made)
+        if len(early) == 1 and samples >= 3 * batch:
+            # The first batch left as soon as it was full, not when the second one was (a cold epoch's wait).
+            assert len(taken) == batch
+    assert early == held
+
+
+@given(st.integers(0, 300), st.integers(2, 32), st.integers(0, 100))
+@settings(max_examples=300, deadline=None)
+def test_an_index_that_counts_more_samples_than_come_loses_none_of_them(samples, batch, overcount):
+    # Corrupt samples (or a lying index) leave fewer samples than the index counts: every one still comes once.
+    from imagenet_train.loading.batching import batched
+
+    made = list(batched(range(samples), batch, partial=True, collate_fn=list, at_most=samples + overcount))
+    assert sorted(i for b in made for i in b) == list(range(samples))
+    assert all(len(b) <= batch + 1 for b in made)
+
+
+def test_without_a_tail_to_keep_no_batch_is_held():
+    from imagenet_train.loading.batching import batched
+
+    taken: list[int] = []
+
+    def counted():
+        for sample in range(100):
+            taken.append(sample)
+            yield sample
+
+    first = next(batched(counted(), 10, partial=False, collate_fn=list))
+    assert first == list(range(10)) and len(taken) == 10
+
+
 def test_epoch_order_is_shared_by_ranks_and_changes_between_epochs():
     assert plan.epoch_order(50, seed=1, epoch=3) == plan.epoch_order(50, seed=1, epoch=3)
     assert plan.epoch_order(50, seed=1, epoch=3) != plan.epoch_order(50, seed=1, epoch=4)

@@ -158,12 +158,20 @@ class ShardStream(IterableDataset):
             self.batch_size,
             partial=not self.resampled,
             collate_fn=self.collate_fn or collate,
+            at_most=self.samples_at_most(worker, workers),
         )
         if self.resampled and self.batches:
             # The DataLoader takes batches from its workers in turn: worker w's share of the epoch, exactly.
             share = self.batches // workers + (worker < self.batches % workers)
             return itertools.islice(batches, share)
         return batches
+
+    def samples_at_most(self, worker: int, workers: int) -> int | None:
+        """Split mode: this worker's samples by the index, less all a resumed epoch skips (None: not known)."""
+        if self.resampled or self.queue is not None:  # queue mode claims its shards as it goes
+            return None
+        shards = [self.reading.expected.get(url) for url in self.shard_urls(worker, workers)]
+        return sum(shard.samples for shard in shards if shard) - len(self.skip_keys) if all(shards) else None
 
     def rank_shards(self) -> int:
         """How many shards this rank reads in split mode."""
