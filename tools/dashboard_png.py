@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
-from local_server import NoAnswer, serving
+from local_server import NoAnswer, adjacent_ports, serving
 
 from imagenet_train.datasets.convert import ShardOptions, convert
 from imagenet_train.datasets.digits import write_digits
@@ -43,16 +42,6 @@ TRAIN = [
     *("--epochs", "1000", "--epoch-batches", "4"),
 ]
 STEP_S = 2  # query_range's resolution
-
-
-def adjacent_ports() -> int:
-    """A port P with P and P + 1 both free on 127.0.0.1 (two local ranks)."""
-    for _ in range(50):
-        port = free_port()
-        with contextlib.suppress(OSError), socket.socket() as second:
-            second.bind(("127.0.0.1", port + 1))
-            return port
-    raise SystemExit("no two adjacent free ports on 127.0.0.1")
 
 
 @contextlib.contextmanager

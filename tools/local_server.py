@@ -5,6 +5,7 @@ bench's S3 server (bench/peers.py) share. Operator and test code: the package ne
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 import time
 import urllib.error
@@ -16,6 +17,18 @@ from typing import IO
 
 class NoAnswer(RuntimeError):
     """The server exited, or did not answer within its time."""
+
+
+def adjacent_ports() -> int:
+    """A port P with P and P + 1 both free on 127.0.0.1 (two local ranks' metrics ports)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        with contextlib.suppress(OSError), socket.socket() as second:
+            second.bind(("127.0.0.1", port + 1))
+            return port
+    raise NoAnswer("no two adjacent free ports on 127.0.0.1")
 
 
 def answers(url: str, timeout: float = 2) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from local_server import serving
+from local_server import adjacent_ports, serving
 
 from conftest import REPO, SMALL_TRAIN
 
@@ -31,22 +31,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (make system-deps installs it)"),
 ]
-
-
-def free_port_pair() -> int:
-    """A port P with P and P + 1 both free on 127.0.0.1 (two local ranks)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port < 65535:
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no two adjacent free ports")
 
 
 def free_port() -> int:
@@ -64,7 +48,7 @@ def dashboard_queries() -> list[str]:
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """Prometheus on 127.0.0.1 scraping 127.0.0.1:P and P + 1 every second; yields (its URL, P)."""
-    metrics_port, web_port = free_port_pair(), free_port()
+    metrics_port, web_port = adjacent_ports(), free_port()
     config = tmp_path / "prometheus.yml"
     targets = [f"127.0.0.1:{metrics_port}", f"127.0.0.1:{metrics_port + 1}"]
     config.write_text(
