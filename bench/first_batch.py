@@ -182,9 +182,10 @@ def block(f: dict, machine: str) -> list[str]:
         "row is negative) and runs beside those imports, as in `imagenet-train train` and `evaluate`. Every "
         "phase stretches with the load average (issue 50 measured 2.3-2.5 s before on a quieter machine), so compare "
         "before and after within one run. The shuffle buffer gave its first sample after 1,000 samples were read at "
-        f"{BEFORE} and after {SHUFFLE_INITIAL} now (it grows to 1,000 while it yields); the goal of 0.5 s is met only "
-        "where the forkserver's imports finish while the model is built and the first decode takes well under half "
-        "a second.",
+        f"{BEFORE} and after {SHUFFLE_INITIAL} now (it grows to 1,000 while it yields); the goal of 0.5 s is met "
+        "where the forkserver's imports finish before the loader is made (the third scenario: the commands start it "
+        "first) and the batch waits for its own 64 decodes only, not for the next batch's too (loading/batching.py "
+        "holds back only a worker's last full batch since 2026-11-29).",
         "",
         "| phase, seconds (median) | "
         + " | ".join(f"{s} {w}" for s in f["scenarios"] for w in ("before", "after"))
