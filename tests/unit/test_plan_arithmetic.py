@@ -96,13 +96,16 @@ def test_batches_known_to_be_followed_leave_at_once_and_are_the_same_batches(sam
 
 @given(st.integers(0, 300), st.integers(2, 32), st.integers(0, 100))
 @settings(max_examples=300, deadline=None)
-def test_an_index_that_counts_more_samples_than_come_loses_none_of_them(samples, batch, overcount):
-    # Corrupt samples (or a lying index) leave fewer samples than the index counts: every one still comes once.
+def test_an_index_that_counts_more_samples_than_come_makes_no_batch_of_one(samples, batch, overcount):
+    # Corrupt samples (or a lying index) leave fewer samples than the index counts. Every sample still comes once,
+    # except a lone leftover after a batch left early: a batch of one ends a step in BatchNorm (1x1 maps).
     from imagenet_train.loading.batching import batched
 
     made = list(batched(range(samples), batch, partial=True, collate_fn=list, at_most=samples + overcount))
-    assert sorted(i for b in made for i in b) == list(range(samples))
+    came = sorted(i for b in made for i in b)
+    assert came == list(range(samples)) or (came == list(range(samples - 1)) and samples % batch == 1)
     assert all(len(b) <= batch + 1 for b in made)
+    assert samples < 2 or min(len(b) for b in made) > 1
 
 
 def test_without_a_tail_to_keep_no_batch_is_held():

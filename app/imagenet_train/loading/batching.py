@@ -3,12 +3,15 @@ worker's leftover samples never a short batch of their own."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch.utils.data import get_worker_info
 
 Batch = tuple[torch.Tensor, torch.Tensor, list]
+
+log = logging.getLogger(__name__)
 
 
 def collate(samples: Sequence[tuple]) -> Batch:
@@ -42,7 +45,9 @@ def batched(
     its index; None: unknown) lets a full batch that has at least two batches of samples still to come leave at
     once: holding each batch until the next was full made a cold epoch's first batch wait for two batches'
     decoding. Without damage the batches are the same either way; should more than a batch of samples after an
-    early one be corrupt, what is left over is a batch of its own, as a stream shorter than a batch is.
+    early one be corrupt, what is left over is a batch of its own, as a stream shorter than a batch is, except a
+    lone sample: a batch of one ends a training step in BatchNorm where the last maps are 1x1, so it is dropped,
+    with a warning, as drop_last would drop it.
     """
     pending: list = []
     held: list | None = None  # the last full batch, held back until we know what follows it
@@ -64,4 +69,7 @@ def batched(
     if held is not None:
         yield collate_fn(held)
     if pending and partial:
+        if len(pending) == 1 and seen > 1:  # a batch left early: the index counted samples that did not come
+            log.warning("one sample left over after the index's count fell short (corrupt samples): not a batch of one")
+            return
         yield collate_fn(pending)
