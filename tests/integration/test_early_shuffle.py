@@ -49,7 +49,7 @@ def test_a_cold_epochs_first_batch_waits_for_its_own_decoding_only_and_the_batch
     # Holding each batch until the next one was full made the first batch wait for two batches' decoding.
     source = resolve_source(str(digit_shards))
 
-    def stream(transform, expected, skip_keys=frozenset()) -> ShardStream:
+    def stream(transform, expected, skip_keys=frozenset(), repeat=1) -> ShardStream:
         reading = ShardReading(expected=source.expected if expected else {})
         return ShardStream(
             urls=source.train_urls,
@@ -58,6 +58,7 @@ def test_a_cold_epochs_first_batch_waits_for_its_own_decoding_only_and_the_batch
             resampled=False,
             reading=reading,
             skip_keys=skip_keys,
+            repeat=repeat,
         )
 
     counting = Counting(ValPreset(16, 16).build())
@@ -71,3 +72,6 @@ def test_a_cold_epochs_first_batch_waits_for_its_own_decoding_only_and_the_batch
     resumed = [keys for _, _, keys in stream(ValPreset(16, 16).build(), True, consumed)]
     assert sorted(k for keys in resumed for k in keys) == sorted(k for keys in known for k in keys if k not in consumed)
     assert min(map(len, resumed)) >= 16  # a resumed epoch's tail is still never a batch below half the batch size
+    # --repeat 2 reads each shard twice, so each consumed key is skipped twice: still the same batches.
+    twice = [keys for _, _, keys in stream(ValPreset(16, 16).build(), True, consumed, repeat=2)]
+    assert twice == [keys for _, _, keys in stream(ValPreset(16, 16).build(), False, consumed, repeat=2)]

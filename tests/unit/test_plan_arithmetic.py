@@ -85,6 +85,8 @@ def test_batches_known_to_be_followed_leave_at_once_and_are_the_same_batches(sam
             yield sample
 
     held = list(batched(range(samples), batch, partial=True, collate_fn=list))
+    for under in (1, batch, 3 * batch):  # an index bound below what comes (a resumed epoch's skipped keys)
+        assert list(batched(range(samples), batch, True, list, at_most=samples - under)) == held
     early = []
     for made in batched(counted(), batch, partial=True, collate_fn=list, at_most=samples):
         early.append(made)
@@ -102,10 +104,22 @@ def test_an_index_that_counts_more_samples_than_come_makes_no_batch_of_one(sampl
     from imagenet_train.loading.batching import batched
 
     made = list(batched(range(samples), batch, partial=True, collate_fn=list, at_most=samples + overcount))
+    if overcount <= batch:  # up to a batch of corrupt samples: the same batches as holding every one
+        assert made == list(batched(range(samples), batch, partial=True, collate_fn=list))
     came = sorted(i for b in made for i in b)
     assert came == list(range(samples)) or (came == list(range(samples - 1)) and samples % batch == 1)
     assert all(len(b) <= batch + 1 for b in made)
     assert samples < 2 or min(len(b) for b in made) > 1
+
+
+def test_the_index_bound_takes_each_skipped_key_off_once_per_read_of_its_shard():
+    from imagenet_train.loading.batching import index_bound
+
+    sizes = {"a": 100, "b": 100}
+    assert index_bound(["a", "b"], sizes, 40) == 160
+    assert index_bound(["a", "b", "a", "b"], sizes, 40) == 320  # --repeat 2: a skipped key is left out twice
+    assert index_bound(["a", "c"], sizes, 0) is None  # a shard the index does not count
+    assert index_bound([], sizes, 5) == -5  # nothing to read: never leaves a batch early
 
 
 def test_without_a_tail_to_keep_no_batch_is_held():

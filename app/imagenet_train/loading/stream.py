@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from imagenet_train.errors import ImagenetTrainError
 from imagenet_train.io import outage_tally, storage
 from imagenet_train.limits import MAX_CORRUPT_STREAK
-from imagenet_train.loading.batching import Batch, batched, collate
+from imagenet_train.loading.batching import Batch, batched, collate, index_bound
 from imagenet_train.loading.epochstate import EpochState, EpochStateFile, read_epoch_state
 from imagenet_train.loading.sized import at_size
 from imagenet_train.loading.stages import (
@@ -167,11 +167,11 @@ class ShardStream(IterableDataset):
         return batches
 
     def samples_at_most(self, worker: int, workers: int) -> int | None:
-        """Split mode: this worker's samples by the index, less all a resumed epoch skips (None: not known)."""
-        if self.resampled or self.queue is not None:  # queue mode claims its shards as it goes
+        """Split mode: at most what this worker's shards yield undamaged (None in queue mode: claimed as it goes)."""
+        if self.resampled or self.queue is not None:
             return None
-        shards = [self.reading.expected.get(url) for url in self.shard_urls(worker, workers)]
-        return sum(shard.samples for shard in shards if shard) - len(self.skip_keys) if all(shards) else None
+        sizes = {url: shard.samples for url, shard in self.reading.expected.items()}
+        return index_bound(list(self.shard_urls(worker, workers)), sizes, len(self.skip_keys))
 
     def rank_shards(self) -> int:
         """How many shards this rank reads in split mode."""
